@@ -1,0 +1,41 @@
+# The two commands the README starts with. Each does its own set-up.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP_RUN := $(VENV)/.installed-run
+STAMP_DEV := $(VENV)/.installed-dev
+
+.PHONY: run test lint typecheck pytest bench soak clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP_RUN): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[orientation,ocr]"
+	touch $@
+
+$(STAMP_DEV): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[orientation,ocr,dev]"
+	touch $@ $(STAMP_RUN)
+
+run: $(STAMP_RUN)
+	$(BIN)/inferchain run recipes/orientation --output out/orientation
+
+test: $(STAMP_DEV) lint typecheck pytest
+
+lint: $(STAMP_DEV)
+	$(BIN)/ruff check inferchain tests benchmarks recipes
+	$(BIN)/ruff format --check inferchain tests benchmarks recipes
+
+typecheck: $(STAMP_DEV)
+	$(BIN)/mypy
+
+pytest: $(STAMP_DEV)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP_DEV)
+	$(BIN)/python benchmarks/bench_core.py
+
+clean:
+	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache

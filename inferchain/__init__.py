@@ -1,0 +1,54 @@
+"""inferchain: layered offline (batch) inference.
+
+OfflineInference -> Scheduler -> ExecutionEngine -> ModelWorker -> Backend, on ONNX Runtime
+(CPU, CUDA and CANN execution providers) and Ascend pyACL. See README.md and docs/.
+"""
+
+from inferchain.config import ModelConfig, Recipe, load_recipe
+from inferchain.engine import Batch
+from inferchain.errors import (
+    BackendError,
+    Closed,
+    ConfigError,
+    DependencyFailed,
+    InferchainError,
+    InvalidInput,
+    InvalidTransition,
+    QueueFull,
+    RequestCancelled,
+    RequestError,
+    RequestTimeout,
+)
+from inferchain.metrics import Stats
+from inferchain.offline import OfflineInference
+from inferchain.pipeline import Pipeline
+from inferchain.request import Request, RequestState
+from inferchain.tensors import ModelInfo, TensorDesc
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "Batch",
+    "Closed",
+    "ConfigError",
+    "DependencyFailed",
+    "InferchainError",
+    "InvalidInput",
+    "InvalidTransition",
+    "ModelConfig",
+    "ModelInfo",
+    "OfflineInference",
+    "Pipeline",
+    "QueueFull",
+    "Recipe",
+    "Request",
+    "RequestCancelled",
+    "RequestError",
+    "RequestState",
+    "RequestTimeout",
+    "Stats",
+    "TensorDesc",
+    "__version__",
+    "load_recipe",
+]

@@ -1,0 +1,81 @@
+"""The backend interface: everything device-specific sits behind these two small types.
+
+Adding hardware means implementing `Backend` and `Session`; no other layer changes.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+
+import numpy as np
+
+from inferchain.config import ModelConfig, Recipe
+from inferchain.tensors import TensorDesc
+
+
+class Session(abc.ABC):
+    """One loaded model instance, used only from its ModelWorker's thread.
+
+    `run` is synchronous from the caller's point of view: it returns after the device work is
+    complete and the outputs are on the host. The arrays it returns may be reused buffers,
+    valid until the next `run` call; callers copy what they keep.
+    """
+
+    inputs: tuple[TensorDesc, ...]  # in the order `run` takes them; shape[0] is the batch dim
+    outputs: tuple[TensorDesc, ...]  # in the order `run` returns them
+    max_batch_size: int | None = None  # largest batch the loaded model accepts; None = any
+    reuses_outputs: bool = True  # run() returns the same host buffers each call
+    metadata: Mapping[str, str] = {}  # the model file's custom metadata, where it has any
+
+    @abc.abstractmethod
+    def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
+        """Run one batch. `inputs` are in `self.inputs` order with `batch_size` rows each.
+
+        A model compiled for a fixed batch larger than `batch_size` is padded by the session;
+        the outputs have at least `batch_size` rows, of which the first `batch_size` count.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release everything the session holds, in the runtime's safe order."""
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Backend(abc.ABC):
+    """One device runtime for the whole process (one runtime init, many models)."""
+
+    name: str
+
+    @abc.abstractmethod
+    def load(self, model: ModelConfig, device: int) -> Session:
+        """Load one instance of `model` on `device`; called on the worker's own thread."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing global
+        """Release process-wide runtime state after every session is closed."""
+
+
+def make_backend(recipe: Recipe, **options: object) -> Backend:
+    """The backend the recipe names, built lazily so `import inferchain` needs no runtime."""
+    if recipe.backend == "onnxruntime":
+        from inferchain.backends.onnxruntime import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(recipe)
+    if recipe.backend == "acl":
+        from inferchain.backends.acl import AclBackend
+
+        return AclBackend(recipe, acl_module=options.get("acl_module"))
+    from inferchain.errors import ConfigError
+
+    raise ConfigError(f"{recipe.source}: backend {recipe.backend!r} is not one of onnxruntime, acl")

@@ -1,0 +1,156 @@
+"""ONNX Runtime backend: CPU by default; CUDA and Ascend CANN through execution providers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import structlog
+
+from inferchain.backends.base import Backend, Session
+from inferchain.config import ModelConfig, Recipe, SessionOptions
+from inferchain.errors import BackendError, ConfigError
+from inferchain.tensors import TensorDesc
+
+log = structlog.get_logger(__name__)
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int8)": np.int8,
+    "tensor(int16)": np.int16,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+    "tensor(uint8)": np.uint8,
+    "tensor(uint16)": np.uint16,
+    "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64,
+    "tensor(bool)": np.bool_,
+}
+_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def session_options(options: SessionOptions) -> ort.SessionOptions:
+    """`ort.SessionOptions` from the recipe's `session_options`."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = options.intra_op_num_threads
+    so.inter_op_num_threads = options.inter_op_num_threads
+    so.graph_optimization_level = _LEVELS[options.graph_optimization_level]
+    so.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL
+        if options.execution_mode == "parallel"
+        else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
+    return so
+
+
+def providers(
+    requested: Sequence[str | Mapping[str, Any]], available: Sequence[str]
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """The recipe's providers that this onnxruntime build has, with their options.
+
+    A provider that is not available is dropped with a warning; CPU is always last, so a
+    recipe written for CUDA or CANN still runs (slowly) on a machine without them.
+    """
+    names: list[str] = []
+    opts: list[dict[str, Any]] = []
+    for entry in requested:
+        options: Mapping[str, Any]
+        if isinstance(entry, str):
+            name, options = entry, {}
+        else:
+            if len(entry) != 1:
+                raise ConfigError(f"provider entry {dict(entry)!r} must be {{Name: {{options}}}}")
+            ((name, options),) = entry.items()
+            options = options or {}
+        if name not in available:
+            log.warning("provider_unavailable", provider=name, available=list(available))
+            continue
+        names.append(name)
+        opts.append({k: str(v) for k, v in options.items()})
+    if "CPUExecutionProvider" not in names:
+        names.append("CPUExecutionProvider")
+        opts.append({})
+    return names, opts
+
+
+def describe(args: Sequence[Any]) -> tuple[TensorDesc, ...]:
+    """TensorDescs from `session.get_inputs()` / `get_outputs()`."""
+    descs = []
+    for a in args:
+        shape = [d if isinstance(d, int) else None for d in a.shape]
+        descs.append(TensorDesc(a.name, shape, _ORT_TYPES.get(a.type, np.float32)))
+    return tuple(descs)
+
+
+class OnnxRuntimeSession(Session):
+    """One `ort.InferenceSession`; `run` feeds the batch rows in the model's input order."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self._session = session
+        self.inputs = describe(session.get_inputs())
+        self.outputs = describe(session.get_outputs())
+        self._input_names = [t.name for t in self.inputs]
+        self._output_names = [t.name for t in self.outputs]
+        fixed = [t.shape[0] for t in self.inputs if t.shape and t.shape[0] is not None]
+        self.max_batch_size = min(fixed) if fixed else None
+        self.reuses_outputs = False  # every run returns new arrays
+        self.metadata: dict[str, str] = dict(session.get_modelmeta().custom_metadata_map)
+        self._padded: list[np.ndarray] | None = None  # for a fixed-batch model, made once
+
+    def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
+        if self.max_batch_size is not None and batch_size < self.max_batch_size:
+            inputs = self._pad(inputs, batch_size)
+        feed = dict(zip(self._input_names, inputs, strict=True))
+        try:
+            return self._session.run(self._output_names, feed)  # type: ignore[no-any-return]
+        except Exception as e:  # onnxruntime raises its own Fail/InvalidArgument types
+            raise BackendError(f"onnxruntime: {e}", name=type(e).__name__) from e
+
+    def _pad(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
+        """Rows copied into buffers of the model's fixed batch (the rest is stale)."""
+        if self._padded is None:
+            rows = self.max_batch_size or 1
+            self._padded = [np.zeros((rows, *a.shape[1:]), a.dtype) for a in inputs]
+        for buf, a in zip(self._padded, inputs, strict=True):
+            buf[:batch_size] = a[:batch_size]
+        return self._padded
+
+    def close(self) -> None:
+        self._session = None
+
+
+class OnnxRuntimeBackend(Backend):
+    """Builds one InferenceSession per worker with the recipe's providers and options."""
+
+    name = "onnxruntime"
+
+    def __init__(self, recipe: Recipe) -> None:
+        self._recipe = recipe
+        self._providers, self._provider_options = providers(
+            recipe.providers, ort.get_available_providers()
+        )
+
+    def load(self, model: ModelConfig, device: int) -> Session:
+        options = model.session_options or self._recipe.session_options
+        try:
+            session = ort.InferenceSession(
+                model.path,
+                sess_options=session_options(options),
+                providers=self._providers,
+                provider_options=self._provider_options,
+            )
+        except Exception as e:
+            raise BackendError(
+                f"onnxruntime could not load model {model.name!r} from {model.path}: {e}",
+                name=type(e).__name__,
+            ) from e
+        return OnnxRuntimeSession(session)

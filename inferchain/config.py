@@ -1,0 +1,317 @@
+"""Recipes: the YAML that says which models run, how, and with which pipeline.
+
+`load_recipe()` validates everything on load: an unknown key or a wrong type is a
+`ConfigError` that names the key and the file. The records are frozen; overrides make a new
+recipe.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import yaml
+
+from inferchain.errors import ConfigError
+
+_ORT_LEVELS = ("disable", "basic", "extended", "all")
+_STRATEGIES = ("fixed", "dynamic", "buckets", "auto")
+
+
+class _Schema:
+    """Typed construction from plain dicts; `KEYS` maps key -> expected type."""
+
+    KEYS: ClassVar[Mapping[str, object]] = {}
+
+    @classmethod
+    def from_dict(cls, data: object, where: str, source: Path) -> Any:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: {where or 'recipe'} must be a mapping, got {_tn(data)}")
+        kwargs = {}
+        for key, value in data.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key not in cls.KEYS:
+                known = ", ".join(sorted(cls.KEYS))
+                raise ConfigError(f"{source}: unknown key {path!r} (known: {known})")
+            kwargs[key] = _coerce(value, cls.KEYS[key], path, source)
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{source}: {where or 'recipe'}: {e}") from None
+
+
+def _tn(value: object) -> str:
+    return type(value).__name__
+
+
+def _coerce(value: object, spec: object, path: str, source: Path) -> object:
+    if isinstance(spec, type) and issubclass(spec, _Schema):
+        return spec.from_dict(value, path, source)
+    if isinstance(spec, tuple):  # alternatives, e.g. (float, None)
+        if value is None and None in spec:
+            return None
+        for option in spec:
+            if option is not None and _is(value, option):
+                return _coerce(value, option, path, source)
+        names = " or ".join("null" if s is None else getattr(s, "__name__", str(s)) for s in spec)
+        raise ConfigError(f"{source}: key {path!r} must be {names}, got {_tn(value)} {value!r}")
+    if spec is float and _is(value, int):
+        return float(value)  # type: ignore[arg-type]
+    if not _is(value, spec):
+        name = getattr(spec, "__name__", str(spec))
+        raise ConfigError(f"{source}: key {path!r} must be {name}, got {_tn(value)} {value!r}")
+    if spec is list:
+        return tuple(value)  # type: ignore[arg-type]
+    return value
+
+
+def _is(value: object, spec: object) -> bool:
+    if spec is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if spec is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(spec, type) and isinstance(value, spec)
+
+
+def _positive(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value}")
+
+
+def _non_negative(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and value < 0:
+        raise ValueError(f"{attribute.name} must be >= 0, got {value}")
+
+
+def _one_of(*options: str) -> Any:
+    def check(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+        if value not in options:
+            raise ValueError(f"{attribute.name} must be one of {', '.join(options)}, got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class SessionOptions(_Schema):
+    """ONNX Runtime session options (ignored by other backends). 0 threads = runtime default."""
+
+    KEYS: ClassVar[Mapping[str, object]] = {
+        "intra_op_num_threads": int,
+        "inter_op_num_threads": int,
+        "graph_optimization_level": str,
+        "execution_mode": str,
+    }
+    intra_op_num_threads: int = attrs.field(default=0, validator=_non_negative)
+    inter_op_num_threads: int = attrs.field(default=0, validator=_non_negative)
+    graph_optimization_level: str = attrs.field(default="all", validator=_one_of(*_ORT_LEVELS))
+    execution_mode: str = attrs.field(
+        default="sequential", validator=_one_of("sequential", "parallel")
+    )
+
+
+@attrs.frozen
+class ShapesConfig(_Schema):
+    """How a model's variable input shapes are grouped into batches."""
+
+    KEYS: ClassVar[Mapping[str, object]] = {
+        "strategy": str,
+        "buckets": (list, None),
+        "pad_value": float,
+        "num_buckets": int,
+        "sample": int,
+        "crop_outputs": (list, None),
+    }
+    strategy: str = attrs.field(default="dynamic", validator=_one_of(*_STRATEGIES))
+    buckets: tuple[Any, ...] | None = None  # per bucket, the item shape of each input
+    pad_value: float = 0.0
+    num_buckets: int = attrs.field(default=4, validator=_positive)  # for `auto`
+    sample: int = attrs.field(default=256, validator=_positive)  # for `auto`
+    crop_outputs: tuple[Any, ...] | None = None  # outputs whose dims follow the input's
+
+
+@attrs.frozen
+class SchedulerConfig(_Schema):
+    """The Scheduler's knobs; times in milliseconds or seconds as named."""
+
+    KEYS: ClassVar[Mapping[str, object]] = {
+        "max_queue_size": int,
+        "interval_ms": float,
+        "aging_s": (float, None),
+        "drain_timeout_s": float,
+    }
+    max_queue_size: int = attrs.field(default=10000, validator=_positive)  # WAITING requests
+    interval_ms: float = attrs.field(default=2.0, validator=_positive)  # longest idle sleep
+    aging_s: float | None = attrs.field(default=10.0, validator=_positive)  # +1 prio per aging_s
+    drain_timeout_s: float = attrs.field(default=30.0, validator=_non_negative)  # close()
+
+
+@attrs.frozen
+class ModelConfig(_Schema):
+    """One model of a recipe."""
+
+    KEYS: ClassVar[Mapping[str, object]] = {
+        "name": str,
+        "path": str,
+        "instances": int,
+        "max_batch_size": int,
+        "max_queue_delay_ms": float,
+        "priority": int,
+        "slots": (int, None),
+        "shapes": ShapesConfig,
+        "warmup": bool,
+        "memory_budget_mb": (float, None),
+        "timeout_s": (float, None),
+        "session_options": (SessionOptions, None),
+        "params": dict,
+    }
+    name: str
+    path: str  # file path (absolute after load) or pkg://package/relative/path
+    instances: int = attrs.field(default=1, validator=_positive)  # workers for this model
+    max_batch_size: int = attrs.field(default=8, validator=_non_negative)  # 0 = no batching
+    max_queue_delay_ms: float = attrs.field(default=5.0, validator=_non_negative)
+    priority: int = 0  # default priority of this model's requests
+    slots: int | None = attrs.field(default=None, validator=_positive)  # READY+RUNNING cap
+    shapes: ShapesConfig = attrs.field(factory=ShapesConfig)
+    warmup: bool = True
+    memory_budget_mb: float | None = attrs.field(default=None, validator=_positive)
+    timeout_s: float | None = attrs.field(default=None, validator=_positive)  # default deadline
+    session_options: SessionOptions | None = None  # overrides the recipe's
+    params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
+
+    @property
+    def batch_rows(self) -> int:
+        """Rows in one batch buffer: `max_batch_size`, or 1 for a model that does not batch."""
+        return max(self.max_batch_size, 1)
+
+    @property
+    def num_slots(self) -> int:
+        """Requests of this model that may be READY or RUNNING at once."""
+        return self.slots if self.slots is not None else 2 * self.instances * self.batch_rows
+
+
+@attrs.frozen
+class Recipe(_Schema):
+    """A whole recipe: backend, scheduler settings, models and the optional pipeline."""
+
+    KEYS: ClassVar[Mapping[str, object]] = {
+        "name": str,
+        "backend": str,
+        "device": int,
+        "providers": list,
+        "session_options": SessionOptions,
+        "scheduler": SchedulerConfig,
+        "models": list,
+        "pipeline": (str, None),
+        "inputs": (str, None),
+        "params": dict,
+    }
+    name: str
+    models: tuple[ModelConfig, ...]
+    backend: str = attrs.field(default="onnxruntime", validator=_one_of("onnxruntime", "acl"))
+    device: int = attrs.field(default=0, validator=_non_negative)
+    providers: tuple[Any, ...] = ("CPUExecutionProvider",)  # str or {name: {options}}
+    session_options: SessionOptions = attrs.field(factory=SessionOptions)
+    scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
+    pipeline: str | None = None  # "file.py:ClassName" relative to the recipe's folder
+    inputs: str | None = None  # default inputs for `inferchain run`, relative to the folder
+    params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
+    source: Path = Path("<memory>")  # the YAML file it came from
+
+    @property
+    def root(self) -> Path:
+        """The recipe's folder: relative paths in the recipe are relative to it."""
+        return self.source.parent
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        known = ", ".join(m.name for m in self.models)
+        raise ConfigError(f"{self.source}: no model named {name!r} (models: {known})")
+
+    @classmethod
+    def from_dict(cls, data: object, where: str = "", source: Path = Path("<memory>")) -> Recipe:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: a recipe must be a mapping, got {_tn(data)}")
+        raw = dict(data)
+        models = raw.get("models")
+        if not isinstance(models, list) or not models:
+            raise ConfigError(f"{source}: key 'models' must be a non-empty list")
+        raw["models"] = [
+            _resolve_model(ModelConfig.from_dict(m, f"models[{i}]", source), source)
+            for i, m in enumerate(models)
+        ]
+        names = [m.name for m in raw["models"]]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{source}: model names must be unique, got {names}")
+        for i, p in enumerate(raw.get("providers") or ()):
+            if not isinstance(p, str | dict):
+                raise ConfigError(f"{source}: key 'providers[{i}]' must be str or mapping")
+        recipe: Recipe = super().from_dict(raw, where, source)
+        return attrs.evolve(recipe, source=source)
+
+
+def _resolve_model(model: ModelConfig, source: Path) -> ModelConfig:
+    """Resolve a model's path: pkg:// to the installed package's file, relative to the recipe."""
+    return attrs.evolve(model, path=str(resolve_path(model.path, source.parent, model.name)))
+
+
+def resolve_path(path: str, root: Path, what: str) -> Path:
+    """A file path for `pkg://package/rel/path`, an absolute path, or one relative to `root`."""
+    if path.startswith("pkg://"):
+        package, _, rel = path[len("pkg://") :].partition("/")
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"{what}: package {package!r} of {path!r} is not installed (pip install it)"
+            )
+        resolved = Path(str(importlib.resources.files(package).joinpath(rel)))
+    else:
+        resolved = Path(path) if Path(path).is_absolute() else root / path
+    if not resolved.exists():
+        raise ConfigError(f"{what}: model file {path!r} does not exist ({resolved})")
+    return resolved
+
+
+def load_recipe(path: str | Path, **overrides: Any) -> Recipe:
+    """Load and validate a recipe from a folder holding `recipe.yaml` or from a YAML file.
+
+    Keyword overrides replace top-level keys (`backend="acl"`); mappings are merged
+    (`scheduler={"interval_ms": 1}`), and `models={"det": {"instances": 2}}` updates models
+    by name.
+    """
+    p = Path(path)
+    source = p / "recipe.yaml" if p.is_dir() else p
+    if not source.is_file():
+        raise ConfigError(f"{source}: recipe file not found")
+    try:
+        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a recipe must be a mapping, got {_tn(data)}")
+    return Recipe.from_dict(apply_overrides(data, overrides, source), "", source.resolve())
+
+
+def apply_overrides(
+    data: dict[str, Any], overrides: Mapping[str, Any], source: Path
+) -> dict[str, Any]:
+    """`data` with `overrides` applied (see `load_recipe`)."""
+    out = dict(data)
+    for key, value in overrides.items():
+        if key == "models" and isinstance(value, Mapping):
+            models = [dict(m) for m in out.get("models", [])]
+            by_name = {m.get("name"): m for m in models}
+            for name, update in value.items():
+                if name not in by_name:
+                    raise ConfigError(f"{source}: override for unknown model {name!r}")
+                by_name[name].update(update)
+            out["models"] = models
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out

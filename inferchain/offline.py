@@ -1,0 +1,455 @@
+"""OfflineInference: the entry layer. Inputs become Requests; init once, infer many times."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import structlog
+
+from inferchain.backends.base import Backend, make_backend
+from inferchain.config import ModelConfig, Recipe, load_recipe
+from inferchain.engine import ExecutionEngine
+from inferchain.errors import Closed, ConfigError, InvalidInput
+from inferchain.inputs import InputSpec
+from inferchain.metrics import Metrics, Stats
+from inferchain.pipeline import Pipeline, PipelineDriver, load_pipeline
+from inferchain.request import Callback, Outputs, Request, RequestState
+from inferchain.scheduler import Scheduler
+from inferchain.tensors import ModelInfo
+from inferchain.worker import ModelWorker
+
+log = structlog.get_logger(__name__)
+
+_Phase = Literal["new", "running", "closing", "closed"]
+
+
+class OfflineInference:
+    """Runs a recipe's models in this process.
+
+    `init()` loads every model once (each worker on its own thread) and starts the threads;
+    `submit`/`infer`/`map`/`run` may then be called any number of times, from any thread;
+    `close()` stops intake, drains, cancels what is left and joins every thread it started.
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe | str | Path,
+        *,
+        acl_module: object | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+        self._acl_module = acl_module
+        self._backend = backend
+        self._phase: _Phase = "new"
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._live: dict[int, Request] = {}  # submitted, not yet terminal
+        self._failed: dict[int, Request] = {}  # ended without outputs, for depends_on by id
+        self._outstanding = 0  # submitted, not yet terminal
+        self._drained = threading.Condition(self._lock)
+        self._workers: dict[str, list[ModelWorker]] = {}
+        self._specs: dict[str, InputSpec] = {}
+        self._infos: dict[str, ModelInfo] = {}
+        self._callbacks: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
+        self._callback_thread: threading.Thread | None = None
+        self._scheduler: Scheduler | None = None
+        self._pipeline: Pipeline | None = None
+        self.metrics = Metrics(m.name for m in self.recipe.models)
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def init(self) -> Self:
+        """Load every model, pre-allocate buffers and start the threads (once)."""
+        if self._phase != "new":
+            raise Closed(f"init() called on an OfflineInference that is {self._phase}")
+        started = time.perf_counter()
+        backend = self._backend or make_backend(self.recipe, acl_module=self._acl_module)
+        self._backend = backend
+        try:
+            self._start_workers(backend)
+        except BaseException:
+            self._stop_workers()
+            backend.close()
+            self._phase = "closed"
+            raise
+        engine = ExecutionEngine(self.recipe.models, self._workers)
+        self._scheduler = Scheduler(self.recipe.scheduler, self.recipe.models, engine)
+        self._scheduler.start()
+        self._callback_thread = threading.Thread(
+            target=self._run_callbacks, name="inferchain-callbacks", daemon=True
+        )
+        self._callback_thread.start()
+        self._phase = "running"
+        if self.recipe.pipeline:
+            self._pipeline = load_pipeline(self.recipe, self)
+        log.info(
+            "initialized",
+            recipe=self.recipe.name,
+            backend=backend.name,
+            models=[m.name for m in self.recipe.models],
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        return self
+
+    def _start_workers(self, backend: Backend) -> None:
+        for model in self.recipe.models:
+            recorder = self.metrics.models[model.name]
+            self._workers[model.name] = [
+                ModelWorker(model, i, backend, self.recipe.device, recorder, self._wake)
+                for i in range(model.instances)
+            ]
+        for workers in self._workers.values():
+            for w in workers:
+                w.start()
+        for model in self.recipe.models:
+            sessions = [w.wait_ready() for w in self._workers[model.name]]
+            session = sessions[0]
+            self._specs[model.name] = InputSpec(
+                model.name, session.inputs, batching=model.max_batch_size > 0
+            )
+            self._infos[model.name] = ModelInfo(
+                model.name,
+                session.inputs,
+                session.outputs,
+                model.max_batch_size,
+                model.instances,
+                dict(session.metadata),
+            )
+
+    def _wake(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.wake()
+
+    def close(self, drain_timeout: float | None = None) -> None:
+        """Stop intake, drain (bounded), cancel the rest, join every thread, release models.
+
+        Safe to call twice, from any thread, including from a callback.
+        """
+        with self._lock:
+            if self._phase in ("closing", "closed"):
+                return
+            was_running = self._phase == "running"
+            self._phase = "closing"
+        if was_running:
+            timeout = (
+                self.recipe.scheduler.drain_timeout_s if drain_timeout is None else drain_timeout
+            )
+            if not self.wait_all(timeout):
+                self.cancel_all()
+                self.wait_all(None if self._on_worker_thread() else 30.0)
+            assert self._scheduler is not None
+            self._scheduler.stop()
+        self._stop_workers()
+        if self._backend is not None:
+            self._backend.close()
+        self._callbacks.put(None)
+        if (
+            self._callback_thread is not None
+            and threading.current_thread() is not self._callback_thread
+        ):
+            self._callback_thread.join()
+        self._phase = "closed"
+        log.info("closed", recipe=self.recipe.name)
+
+    def _on_worker_thread(self) -> bool:
+        me = threading.current_thread().name
+        return me.startswith("inferchain-")
+
+    def _stop_workers(self) -> None:
+        workers = [w for ws in self._workers.values() for w in ws]
+        for w in workers:
+            w.stop()
+        for w in workers:
+            if threading.current_thread().name != f"inferchain-worker-{w.name}":
+                w.join()
+
+    def __enter__(self) -> Self:
+        return self.init()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(drain_timeout=0.0 if exc is not None else None)
+
+    # -- submission -----------------------------------------------------------------------
+
+    def submit(
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        priority: int | None = None,
+        timeout: float | None = None,
+        depends_on: Iterable[Request | int] = (),
+        callback: Callback | None = None,
+        block: bool = True,
+    ) -> Request:
+        """Queue one item for `model` and return its Request at once.
+
+        Inputs are checked here: a mismatch raises `InvalidInput` and nothing else is affected.
+        `timeout` (seconds) bounds the time before the request starts running; `callback`
+        runs on the callback thread once the request is terminal.
+        """
+        return self.submit_many(
+            model,
+            (inputs,),
+            priority=priority,
+            timeout=timeout,
+            depends_on=depends_on,
+            callback=callback,
+            block=block,
+        )[0]
+
+    def submit_many(
+        self,
+        model: str,
+        items: Iterable[Any],
+        *,
+        priority: int | None = None,
+        timeout: float | None = None,
+        depends_on: Iterable[Request | int] = (),
+        callback: Callback | None = None,
+        block: bool = True,
+    ) -> list[Request]:
+        """`submit` for many items at once: all are checked before any is queued."""
+        scheduler = self._running_scheduler()
+        spec = self._spec(model)
+        config = self.recipe.model(model)
+        deps = self._resolve(depends_on)
+        prio = config.priority if priority is None else priority
+        timeout = config.timeout_s if timeout is None else timeout
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        hook = self._finished if callback is None else self._finished_with_callback
+        budget = config.memory_budget_mb
+        arrays = [spec.normalize(item) for item in items]
+        if budget is not None:
+            for a in arrays:
+                if sum(x.nbytes for x in a) > budget * 2**20:
+                    raise InvalidInput(
+                        f"model {model!r}: one item of {sum(x.nbytes for x in a)} bytes exceeds "
+                        f"its memory_budget_mb {budget}"
+                    )
+        with self._lock:
+            if self._phase != "running":
+                raise Closed(f"cannot submit: the OfflineInference is {self._phase}")
+            requests = [
+                Request(
+                    next(self._ids),
+                    model,
+                    a,
+                    priority=prio,
+                    deadline=deadline,
+                    depends_on=deps,
+                    callback=callback,
+                    on_terminal=hook,
+                )
+                for a in arrays
+            ]
+            self._outstanding += len(requests)
+        try:
+            live = self._live
+            for r in requests:
+                live[r.id] = r
+            scheduler.submit(requests, block=block)
+        except BaseException:
+            for r in requests:
+                r.cancel()
+            raise
+        return requests
+
+    def _running_scheduler(self) -> Scheduler:
+        if self._phase != "running" or self._scheduler is None:
+            raise Closed(f"cannot submit: the OfflineInference is {self._phase} (call init())")
+        return self._scheduler
+
+    def _spec(self, model: str) -> InputSpec:
+        spec = self._specs.get(model)
+        if spec is None:
+            raise InvalidInput(f"no model named {model!r} (models: {', '.join(self._specs)})")
+        return spec
+
+    def _resolve(self, depends_on: Iterable[Request | int]) -> tuple[Request, ...]:
+        deps = []
+        for d in depends_on:
+            if isinstance(d, Request):
+                deps.append(d)
+                continue
+            found = self._live.get(d) or self._failed.get(d)
+            if found is not None:
+                deps.append(found)
+            elif not 0 < d < self._next_id():
+                raise InvalidInput(f"depends_on: no request with id {d} was submitted here")
+            # else: it finished DONE, so the dependency holds
+        return tuple(deps)
+
+    def _next_id(self) -> int:
+        with self._lock:
+            nxt = next(self._ids)
+            self._ids = itertools.count(nxt)
+        return nxt
+
+    def _finished(self, request: Request) -> None:
+        """Terminal hook of every Request (runs on the finishing thread)."""
+        self._live.pop(request.id, None)
+        if request.outputs is None:
+            self._failed[request.id] = request
+        scheduler = self._scheduler
+        if scheduler is not None:
+            scheduler.notify_finished(request)
+        with self._lock:
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._drained.notify_all()
+
+    def _finished_with_callback(self, request: Request) -> None:
+        self._finished(request)
+        self._callbacks.put(request)
+
+    def _run_callbacks(self) -> None:
+        while (request := self._callbacks.get()) is not None:
+            assert request.callback is not None
+            try:
+                request.callback(request)
+            except Exception as e:
+                log.error(
+                    "callback_failed",
+                    request_id=request.id,
+                    model=request.model,
+                    error=type(e).__name__,
+                    detail=str(e),
+                    exc_info=True,
+                )
+
+    # -- convenience ----------------------------------------------------------------------
+
+    def infer(self, model: str, inputs: Any, timeout: float | None = None) -> Outputs:
+        """Run one item and wait: its outputs, or raise the request's error."""
+        return self.submit(model, inputs, timeout=timeout).result()
+
+    def map(
+        self,
+        model: str,
+        inputs: Iterable[Any],
+        *,
+        ordered: bool = True,
+        max_in_flight: int | None = None,
+        priority: int | None = None,
+    ) -> Iterator[Outputs]:
+        """Stream items through `model`, keeping at most `max_in_flight` submitted.
+
+        Yields outputs in input order (or as they finish with `ordered=False`). An item's
+        error is raised at its turn; what is still in flight is then cancelled.
+        """
+        config = self.recipe.model(model)
+        limit = max_in_flight or 2 * config.num_slots
+        chunk = max(1, limit // 2)
+        source = iter(inputs)
+        pending: deque[Request] = deque()
+        finished: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        exhausted = False
+        try:
+            while True:
+                if not exhausted and len(pending) <= limit - chunk:
+                    items = list(itertools.islice(source, chunk))
+                    exhausted = len(items) < chunk
+                    if items:
+                        new = self.submit_many(model, items, priority=priority)
+                        if not ordered:
+                            for r in new:
+                                r.add_done_listener(finished.put)
+                        pending.extend(new)
+                if not pending:
+                    return
+                if ordered:
+                    yield pending.popleft().result()
+                else:
+                    done = finished.get()
+                    pending.remove(done)
+                    yield done.result()
+        finally:
+            for r in pending:
+                r.cancel()
+
+    def run(
+        self,
+        items: Iterable[Any],
+        *,
+        max_in_flight: int = 64,
+        on_error: Literal["raise", "return"] = "raise",
+    ) -> Iterator[Any]:
+        """The recipe's pipeline over `items`: one result per item, in order, streaming.
+
+        Without a pipeline, a one-model recipe maps items through that model. With
+        `on_error="return"` a failed item yields its exception instead of raising.
+        """
+        pipeline = self._pipeline or self._default_pipeline()
+        driver = PipelineDriver(pipeline, max_in_flight=max_in_flight, on_error=on_error)
+        return driver.run(items)
+
+    def _default_pipeline(self) -> Pipeline:
+        if len(self.recipe.models) != 1:
+            raise ConfigError(
+                f"{self.recipe.source}: run() needs a `pipeline:` for a recipe with "
+                f"{len(self.recipe.models)} models"
+            )
+        self._pipeline = Pipeline(self)
+        return self._pipeline
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The recipe's pipeline object (the default one-model pass-through if none)."""
+        return self._pipeline or self._default_pipeline()
+
+    # -- waiting, cancelling, introspection -----------------------------------------------
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        """WaitForAllTaskDone: True once every submitted request is terminal."""
+        with self._drained:
+            ok = self._drained.wait_for(lambda: self._outstanding == 0, timeout)
+        if ok:
+            for workers in self._workers.values():
+                for w in workers:
+                    w.wait_all(timeout)
+        return ok
+
+    def cancel_all(self) -> int:
+        """Cancel every request not yet running; returns how many were cancelled."""
+        cancelled = 0
+        for request in list(self._live.values()):
+            if request.state <= RequestState.READY and request.cancel():
+                cancelled += 1
+        return cancelled
+
+    def model_info(self, model: str) -> ModelInfo:
+        """Inputs and outputs of a loaded model: names, shapes, dtypes."""
+        info = self._infos.get(model)
+        if info is None:
+            raise InvalidInput(f"no model named {model!r} (models: {', '.join(self._infos)})")
+        return info
+
+    @property
+    def models(self) -> Sequence[ModelConfig]:
+        return self.recipe.models
+
+    def stats(self) -> Stats:
+        """Throughput, batch sizes and latency percentiles per stage, per model."""
+        return self.metrics.stats()
+
+    def queue_depths(self) -> Mapping[str, int]:
+        return self._scheduler.queue_depths() if self._scheduler else {}
+
+    @property
+    def num_outstanding(self) -> int:
+        return self._outstanding

@@ -1,0 +1,234 @@
+"""Pipelines: a recipe's pre-processing, model calls and post-processing for one item.
+
+A pipeline's `process(item)` is a generator: it yields a Request (or a list of them) and
+receives the outputs (or a list of outputs) when they are done, so many items are in flight at
+once and their requests batch together, while the code reads top to bottom::
+
+    class Orientation(Pipeline):
+        def process(self, image):
+            out = yield self.submit("orientation", preprocess(image))
+            return postprocess(out)
+
+`PipelineDriver` advances the generators on the caller's thread as requests finish.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import queue
+import sys
+from collections.abc import Callable, Generator, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from inferchain.errors import ConfigError
+from inferchain.request import Outputs, Request
+
+if TYPE_CHECKING:
+    from inferchain.config import Recipe
+    from inferchain.offline import OfflineInference
+
+Step = Request | list[Request]
+Process = Generator[Step, Any, Any]
+
+
+class Pipeline:
+    """Base class of a recipe's pipeline; the default passes an item to the only model.
+
+    Subclasses override `process` (and usually `load`, `to_record`, `summary`). `self.oi`
+    is the running OfflineInference, `self.params` the recipe's `params:` mapping.
+    """
+
+    def __init__(self, oi: OfflineInference) -> None:
+        self.oi = oi
+        self.recipe: Recipe = oi.recipe
+        self.params: dict[str, Any] = dict(oi.recipe.params)
+
+    def submit(self, model: str, inputs: Any, **options: Any) -> Request:
+        """Shorthand for `self.oi.submit`."""
+        return self.oi.submit(model, inputs, **options)
+
+    def process(self, item: Any) -> Process | Any:
+        """One item's work: yield requests, receive outputs, return the result."""
+        outputs = yield self.submit(self.recipe.models[0].name, item)
+        return outputs
+
+    def load(self, path: Path) -> Any:
+        """Read one input file for `inferchain run` (default: a .npy array)."""
+        return np.load(path)
+
+    def input_files(self, folder: Path) -> list[Path]:
+        """The files of an input folder this pipeline reads, in a stable order."""
+        return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".npy")
+
+    def to_record(self, result: Any) -> dict[str, Any]:
+        """A JSON-serialisable record of one result (a line of results.jsonl)."""
+        if isinstance(result, dict):
+            return {k: np.asarray(v).tolist() for k, v in result.items()}
+        return {"result": np.asarray(result).tolist()}
+
+    def summary(self, result: Any) -> str:
+        """One short line describing a result, printed by `inferchain run`."""
+        record = self.to_record(result)
+        return ", ".join(f"{k}={v}" for k, v in record.items())[:200]
+
+    def save(self, source: Path, item: Any, result: Any, out_dir: Path) -> None:
+        """Write extra artefacts for one result (e.g. an annotated image); default none."""
+
+
+class ImagePipeline(Pipeline):
+    """A pipeline whose items are BGR uint8 images (H, W, 3), read with OpenCV."""
+
+    suffixes = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
+
+    def load(self, path: Path) -> Any:
+        from inferchain.images import read_image
+
+        return read_image(path)
+
+    def input_files(self, folder: Path) -> list[Path]:
+        return sorted(
+            p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in self.suffixes
+        )
+
+
+def load_pipeline(recipe: Recipe, oi: OfflineInference) -> Pipeline:
+    """Import `file.py:ClassName` from the recipe's folder and build it."""
+    assert recipe.pipeline is not None
+    file, sep, cls_name = recipe.pipeline.partition(":")
+    path = recipe.root / file
+    if not sep or not path.is_file():
+        raise ConfigError(
+            f"{recipe.source}: key 'pipeline' must be 'file.py:ClassName' in the recipe's "
+            f"folder, got {recipe.pipeline!r}"
+        )
+    module_name = f"inferchain_recipe_{recipe.name}_{path.stem}"
+    module = sys.modules.get(module_name)
+    if module is None or getattr(module, "__file__", None) != str(path):
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    cls = getattr(module, cls_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Pipeline)):
+        raise ConfigError(f"{recipe.source}: {recipe.pipeline!r} is not a Pipeline subclass")
+    return cls(oi)
+
+
+class _Task:
+    """One item in flight: its generator and what it waits for."""
+
+    __slots__ = ("gen", "index", "remaining", "step")
+
+    def __init__(self, index: int, gen: Process) -> None:
+        self.index = index
+        self.gen = gen
+        self.step: Step = []
+        self.remaining = 0
+
+
+class PipelineDriver:
+    """Runs `pipeline.process` over many items with at most `max_in_flight` at once."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        max_in_flight: int = 64,
+        on_error: Literal["raise", "return"] = "raise",
+    ) -> None:
+        if max_in_flight < 1:
+            raise ConfigError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self._pipeline = pipeline
+        self._limit = max_in_flight
+        self._on_error = on_error
+        self._events: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+        self._results: dict[int, tuple[bool, Any]] = {}  # index -> (ok, result or error)
+        self._active: dict[int, _Task] = {}
+
+    def run(self, items: Iterable[Any]) -> Iterator[Any]:
+        source = enumerate(items)
+        next_out = 0
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(self._active) + len(self._results) < self._limit:
+                    nxt = next(source, None)
+                    if nxt is None:
+                        exhausted = True
+                    else:
+                        self._start(*nxt)
+                while next_out in self._results:
+                    ok, value = self._results.pop(next_out)
+                    next_out += 1
+                    if not ok and self._on_error == "raise":
+                        raise value
+                    yield value
+                if exhausted and not self._active and not self._results:
+                    return
+                if self._active:
+                    self._resume(self._events.get())
+        finally:
+            for task in self._active.values():
+                for r in _requests(task.step):
+                    r.cancel()
+                task.gen.close()
+
+    def _start(self, index: int, item: Any) -> None:
+        try:
+            gen = self._pipeline.process(item)
+        except Exception as e:
+            self._results[index] = (False, e)
+            return
+        if not isinstance(gen, Generator):
+            self._results[index] = (True, gen)
+            return
+        task = _Task(index, gen)
+        self._active[index] = task
+        self._advance(task, lambda: gen.send(None))
+
+    def _advance(self, task: _Task, step: Callable[[], Step]) -> None:
+        try:
+            yielded = step()
+        except StopIteration as stop:
+            self._finish(task, True, stop.value)
+            return
+        except Exception as e:
+            self._finish(task, False, e)
+            return
+        task.step = yielded
+        requests = _requests(yielded)
+        task.remaining = len(requests)
+        if not requests:
+            self._events.put(task)
+        events = self._events
+        for r in requests:
+            r.add_done_listener(lambda _r: events.put(task))
+
+    def _resume(self, task: _Task) -> None:
+        task.remaining -= 1
+        if task.remaining > 0:
+            return
+        step = task.step
+        errors = [r.error for r in _requests(step) if r.outputs is None]
+        gen = task.gen
+        if errors:
+            error = errors[0]
+            assert error is not None
+            self._advance(task, lambda: gen.throw(error))
+        elif isinstance(step, Request):
+            outputs: Outputs | None = step.outputs
+            self._advance(task, lambda: gen.send(outputs))
+        else:
+            self._advance(task, lambda: gen.send([r.outputs for r in step]))
+
+    def _finish(self, task: _Task, ok: bool, value: Any) -> None:
+        del self._active[task.index]
+        self._results[task.index] = (ok, value)
+
+
+def _requests(step: Step) -> list[Request]:
+    return [step] if isinstance(step, Request) else list(step)

@@ -1,0 +1,244 @@
+"""The Request: one item on its way through the layers, and its state machine.
+
+A Request is the one deliberately mutable record. Every state change goes through
+`Request._move`, which checks `TRANSITIONS` under the request's lock, stamps the time and, on
+reaching a terminal state, wakes waiters and tells its owner exactly once.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from inferchain.errors import InvalidTransition, RequestCancelled, RequestError
+
+Outputs = dict[str, np.ndarray]
+Callback = Callable[["Request"], object]
+
+
+class RequestState(enum.IntEnum):
+    """Where a request is. Ordered: everything from DONE on is terminal."""
+
+    WAITING = 0  # submitted; in the Scheduler's waiting queue
+    READY = 1  # admitted (slot, memory, dependencies); owned by the ExecutionEngine
+    RUNNING = 2  # in a batch on a ModelWorker
+    DONE = 3  # outputs are set
+    ERROR = 4  # error is set (BackendError, DependencyFailed, a pipeline step's error)
+    CANCELLED = 5  # cancel(), cancel_all() or close(); never ran
+    TIMED_OUT = 6  # deadline passed while WAITING or READY; never ran
+
+    @property
+    def is_terminal(self) -> bool:
+        return self >= RequestState.DONE
+
+
+S = RequestState
+#: The one transition table. A RUNNING request is never cancelled or timed out: its batch
+#: completes as a whole.
+TRANSITIONS: Mapping[RequestState, frozenset[RequestState]] = {
+    S.WAITING: frozenset({S.READY, S.ERROR, S.CANCELLED, S.TIMED_OUT}),
+    S.READY: frozenset({S.RUNNING, S.ERROR, S.CANCELLED, S.TIMED_OUT}),
+    S.RUNNING: frozenset({S.DONE, S.ERROR}),
+    S.DONE: frozenset(),
+    S.ERROR: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.TIMED_OUT: frozenset(),
+}
+_ALLOWED = tuple(TRANSITIONS[s] for s in RequestState)  # indexed by state, for the hot path
+
+
+class Request:
+    """One item for one model: its inputs, its state, and eventually outputs or an error.
+
+    Created by `OfflineInference.submit()`; users read it and may `cancel()` it or wait on
+    `result()`. The fields are read-only from outside: the layers move the state.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_event",
+        "_listeners",
+        "_lock",
+        "_on_terminal",
+        "_stamps",
+        "_state",
+        "callback",
+        "deadline",
+        "depends_on",
+        "error",
+        "id",
+        "inputs",
+        "model",
+        "nbytes",
+        "outputs",
+        "priority",
+        "shape_key",
+    )
+
+    def __init__(
+        self,
+        id: int,
+        model: str,
+        inputs: tuple[np.ndarray, ...],
+        *,
+        priority: int = 0,
+        deadline: float | None = None,
+        depends_on: tuple[Request, ...] = (),
+        callback: Callback | None = None,
+        on_terminal: Callable[[Request], None] | None = None,
+    ) -> None:
+        self.id = id  # unique and increasing per OfflineInference
+        self.model = model  # name of the model in the recipe
+        self.inputs = inputs  # one array per model input, in the model's input order
+        self.priority = priority  # higher runs first
+        self.deadline = deadline  # time.perf_counter() seconds; None = no deadline
+        self.depends_on = depends_on  # requests that must be DONE before this one runs
+        self.callback = callback  # called with the request once terminal (callback thread)
+        self.outputs: Outputs | None = None  # name -> array, once DONE
+        self.error: BaseException | None = None  # once ERROR / CANCELLED / TIMED_OUT
+        self.nbytes = sum(a.nbytes for a in inputs)  # host bytes of the inputs
+        self.shape_key = tuple(a.shape for a in inputs)  # requests batch only with equals
+        self._lock = threading.Lock()
+        self._state = RequestState.WAITING
+        now = time.perf_counter()
+        self._stamps: list[float | None] = [now, None, None, None, None, None, None]
+        self._event: threading.Event | None = None
+        self._listeners: list[Callable[[Request], None]] | None = None
+        self._on_terminal = on_terminal
+
+    def __repr__(self) -> str:
+        return f"<Request {self.id} {self.model} {self._state.name}>"
+
+    @property
+    def state(self) -> RequestState:
+        return self._state
+
+    @property
+    def done(self) -> bool:
+        """True once the request is in a terminal state."""
+        return self._state >= RequestState.DONE
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """`time.perf_counter()` of each state the request has entered, by state name."""
+        return {s.name: t for s, t in zip(RequestState, self._stamps, strict=True) if t is not None}
+
+    def stamp(self, state: RequestState) -> float | None:
+        """When the request entered `state` (perf_counter seconds), or None."""
+        return self._stamps[state]
+
+    # -- transitions ---------------------------------------------------------------------
+
+    def transition(
+        self,
+        to: RequestState,
+        *,
+        outputs: Outputs | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Move to `to`; raise `InvalidTransition` if the table forbids it."""
+        if not self._move(to, outputs, error):
+            raise InvalidTransition(
+                f"request {self.id} ({self.model}): {self._state.name} -> {to.name} is not allowed"
+            )
+
+    def try_transition(
+        self,
+        to: RequestState,
+        *,
+        outputs: Outputs | None = None,
+        error: BaseException | None = None,
+    ) -> bool:
+        """Move to `to` if the table allows it now; False (and no change) otherwise."""
+        return self._move(to, outputs, error)
+
+    def _move(self, to: RequestState, outputs: Outputs | None, error: BaseException | None) -> bool:
+        with self._lock:
+            if to not in _ALLOWED[self._state]:
+                return False
+            self._state = to
+            self._stamps[to] = time.perf_counter()
+            if to < RequestState.DONE:
+                return True
+            self.outputs = outputs
+            self.error = error
+            self.inputs = ()  # free the item's memory as soon as it is finished
+            if self._event is not None:
+                self._event.set()
+            listeners, self._listeners = self._listeners, None
+        if self._on_terminal is not None:
+            self._on_terminal(self)
+        if listeners:
+            for fn in listeners:
+                fn(self)
+        return True
+
+    def add_done_listener(self, fn: Callable[[Request], None]) -> None:
+        """Call `fn(request)` once it is terminal (at once if it already is).
+
+        `fn` runs on the thread that finished the request and must not block.
+        """
+        with self._lock:
+            if self._state < RequestState.DONE:
+                if self._listeners is None:
+                    self._listeners = []
+                self._listeners.append(fn)
+                return
+        fn(self)
+
+    # -- user surface --------------------------------------------------------------------
+
+    def cancel(self) -> bool:
+        """Cancel the request unless it is already running or finished; True if cancelled."""
+        return self._move(
+            RequestState.CANCELLED, None, RequestCancelled(f"request {self.id} was cancelled")
+        )
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the request is terminal; False if `timeout` seconds passed first."""
+        with self._lock:
+            if self._state >= RequestState.DONE:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> Outputs:
+        """The outputs once DONE; raises the request's error otherwise (like a future).
+
+        Raises `TimeoutError` if the request is not finished within `timeout` seconds.
+        """
+        if not self.wait(timeout):
+            raise TimeoutError(f"request {self.id} ({self.model}) not finished after {timeout}s")
+        if self._state is RequestState.DONE:
+            assert self.outputs is not None
+            return self.outputs
+        assert self.error is not None
+        raise self.error
+
+
+def check_finished_once(requests: Sequence[Request]) -> None:
+    """Internal invariant helper for tests: every request is terminal with a matching field."""
+    for r in requests:
+        if not r.done:
+            raise RequestError(f"request {r.id} is still {r.state.name}")
+        if (r.state is RequestState.DONE) != (r.outputs is not None):
+            raise RequestError(f"request {r.id} is {r.state.name} with outputs={r.outputs!r}")
+
+
+def describe_error(request: Request) -> dict[str, Any]:
+    """Key/value fields for a log event about a failed request."""
+    err = request.error
+    return {
+        "request_id": request.id,
+        "model": request.model,
+        "state": request.state.name,
+        "error": type(err).__name__ if err is not None else None,
+        "detail": str(err) if err is not None else None,
+    }

@@ -1,0 +1,178 @@
+"""Tiny ONNX models written by hand (no `onnx` package) so backend tests run in milliseconds.
+
+ONNX files are protobuf messages; the few fields these builders need are encoded below
+directly (field numbers from `onnx/onnx.proto`). Every builder writes a file and returns its
+path; compare against plain onnxruntime on the same file to get the expected outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+_OPSET = 13
+_IR_VERSION = 8
+_ELEM_TYPES = {  # numpy dtype -> onnx TensorProto.DataType
+    np.dtype(np.float32): 1,
+    np.dtype(np.uint8): 2,
+    np.dtype(np.int8): 3,
+    np.dtype(np.int32): 6,
+    np.dtype(np.int64): 7,
+    np.dtype(np.bool_): 9,
+    np.dtype(np.float16): 10,
+    np.dtype(np.float64): 11,
+}
+_ATTR_INTS = 7  # AttributeProto.AttributeType.INTS
+_ATTR_INT = 2  # AttributeProto.AttributeType.INT
+
+Dim = int | str | None  # int: fixed, str: named symbolic dim, None: anonymous dynamic dim
+
+
+def _varint(n: int) -> bytes:
+    if n < 0:
+        n += 1 << 64  # int64 two's complement, as protobuf encodes negative varints
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _int(field: int, value: int) -> bytes:
+    return _varint(field << 3) + _varint(value)
+
+
+def _len(field: int, data: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(data)) + data
+
+
+def _str(field: int, text: str) -> bytes:
+    return _len(field, text.encode())
+
+
+def _tensor(name: str, array: np.ndarray) -> bytes:
+    """TensorProto: dims=1, data_type=2, name=8, raw_data=9 (little-endian)."""
+    body = b"".join(_int(1, d) for d in array.shape)
+    body += _int(2, _ELEM_TYPES[array.dtype]) + _str(8, name)
+    return body + _len(
+        9, np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+    )
+
+
+def _value_info(name: str, dtype: np.dtype[np.generic], shape: Sequence[Dim]) -> bytes:
+    """ValueInfoProto{name=1, type=2: TypeProto{tensor_type=1: {elem_type=1, shape=2}}}."""
+    dims = b""
+    for d in shape:
+        if isinstance(d, int):
+            dims += _len(1, _int(1, d))  # Dimension.dim_value
+        else:
+            dims += _len(1, _str(2, d) if d else b"")  # Dimension.dim_param / unknown
+    tensor_type = _int(1, _ELEM_TYPES[dtype]) + _len(2, dims)
+    return _str(1, name) + _len(2, _len(1, tensor_type))
+
+
+def _attr_ints(name: str, values: Sequence[int]) -> bytes:
+    return _str(1, name) + b"".join(_int(8, v) for v in values) + _int(20, _ATTR_INTS)
+
+
+def _attr_int(name: str, value: int) -> bytes:
+    return _str(1, name) + _int(3, value) + _int(20, _ATTR_INT)
+
+
+def _node(op: str, inputs: Sequence[str], outputs: Sequence[str], *attrs: bytes) -> bytes:
+    """NodeProto: input=1, output=2, name=3, op_type=4, attribute=5."""
+    body = b"".join(_str(1, i) for i in inputs) + b"".join(_str(2, o) for o in outputs)
+    body += _str(3, f"{op}_{outputs[0]}") + _str(4, op)
+    return body + b"".join(_len(5, a) for a in attrs)
+
+
+def _model(
+    nodes: Sequence[bytes],
+    initializers: Sequence[bytes],
+    inputs: Sequence[bytes],
+    outputs: Sequence[bytes],
+    name: str,
+) -> bytes:
+    """ModelProto{ir_version=1, producer_name=2, graph=7, opset_import=8}."""
+    graph = b"".join(_len(1, n) for n in nodes) + _str(2, name)
+    graph += b"".join(_len(5, t) for t in initializers)
+    graph += b"".join(_len(11, v) for v in inputs) + b"".join(_len(12, v) for v in outputs)
+    opset = _str(1, "") + _int(2, _OPSET)
+    return _int(1, _IR_VERSION) + _str(2, "inferchain.testing") + _len(7, graph) + _len(8, opset)
+
+
+def write_mlp(
+    path: str | Path,
+    *,
+    features: int = 4,
+    hidden: int = 8,
+    classes: int = 3,
+    batch: int | None = None,
+    seed: int = 0,
+) -> Path:
+    """A two-input, two-output MLP; `batch=None` makes the batch dimension dynamic ("N").
+
+    Inputs: ``x`` float32 [N, features], ``scale`` float32 [N, 1].
+    Outputs: ``logits`` = (relu(x @ W1 + b1) @ W2 + b2) * scale, float32 [N, classes];
+    ``hidden`` = relu(x @ W1 + b1), float32 [N, hidden].
+    """
+    rng = np.random.default_rng(seed)
+    f32 = np.dtype(np.float32)
+    weights = {
+        "W1": rng.standard_normal((features, hidden)).astype(f32),
+        "b1": rng.standard_normal(hidden).astype(f32),
+        "W2": rng.standard_normal((hidden, classes)).astype(f32),
+        "b2": rng.standard_normal(classes).astype(f32),
+    }
+    n: Dim = batch if batch is not None else "N"
+    nodes = [
+        _node("MatMul", ["x", "W1"], ["h0"]),
+        _node("Add", ["h0", "b1"], ["h1"]),
+        _node("Relu", ["h1"], ["hidden"]),
+        _node("MatMul", ["hidden", "W2"], ["l0"]),
+        _node("Add", ["l0", "b2"], ["l1"]),
+        _node("Mul", ["l1", "scale"], ["logits"]),
+    ]
+    data = _model(
+        nodes,
+        [_tensor(k, v) for k, v in weights.items()],
+        [_value_info("x", f32, [n, features]), _value_info("scale", f32, [n, 1])],
+        [_value_info("logits", f32, [n, classes]), _value_info("hidden", f32, [n, hidden])],
+        "mlp",
+    )
+    out = Path(path)
+    out.write_bytes(data)
+    return out
+
+
+def write_image_model(path: str | Path, *, channels: int = 3, batch: int | None = None) -> Path:
+    """An NCHW model with dynamic H and W, for dynamic image-size (HW gear) tests.
+
+    Input ``image`` float32 [N, C, H, W]. Outputs: ``scaled`` = image * 2 + 1, float32
+    [N, C, H, W] (follows H and W) and ``mean`` = mean of ``scaled`` over H, W, float32 [N, C].
+    """
+    f32 = np.dtype(np.float32)
+    n: Dim = batch if batch is not None else "N"
+    nodes = [
+        _node("Mul", ["image", "two"], ["doubled"]),
+        _node("Add", ["doubled", "one"], ["scaled"]),
+        _node(
+            "ReduceMean", ["scaled"], ["mean"], _attr_ints("axes", [2, 3]), _attr_int("keepdims", 0)
+        ),
+    ]
+    data = _model(
+        nodes,
+        [_tensor("two", np.array(2.0, f32)), _tensor("one", np.array(1.0, f32))],
+        [_value_info("image", f32, [n, channels, "H", "W"])],
+        [
+            _value_info("scaled", f32, [n, channels, "H", "W"]),
+            _value_info("mean", f32, [n, channels]),
+        ],
+        "image",
+    )
+    out = Path(path)
+    out.write_bytes(data)
+    return out

@@ -1,0 +1,228 @@
+"""The ModelWorker: one model instance on its own thread, with pre-allocated host buffers.
+
+Device work (load, run, release) happens only on the worker's thread, as pyACL contexts
+require. The engine sees a worker through `busy` and `dispatch()`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import structlog
+
+from inferchain.backends.base import Backend, Session
+from inferchain.config import ModelConfig
+from inferchain.engine import Batch
+from inferchain.errors import BackendError, ConfigError, InferchainError
+from inferchain.metrics import ModelMetrics
+from inferchain.request import Request, RequestState
+
+log = structlog.get_logger(__name__)
+
+ShapeKey = tuple[tuple[int, ...], ...]
+_MAX_SHAPE_BUFFERS = 16  # buffer sets kept for dynamic shapes (LRU)
+
+
+class ModelWorker:
+    """Owns one backend Session, its buffers and its thread.
+
+    Life: `start()` -> `wait_ready()` (raises what `init` raised) -> `dispatch()` batches ->
+    `stop()` -> `join()`. The session is released on the worker's thread after the last
+    batch, so nothing is in flight when it is torn down.
+    """
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        index: int,
+        backend: Backend,
+        device: int,
+        metrics: ModelMetrics,
+        on_idle: Callable[[], None],
+    ) -> None:
+        self.model = model
+        self.name = f"{model.name}#{index}"
+        self.busy = False  # set by the engine on dispatch, cleared here when the run returns
+        self.session: Session | None = None
+        self._backend = backend
+        self._device = device
+        self._metrics = metrics
+        self._on_idle = on_idle
+        self._batching = model.max_batch_size > 0
+        self._queue: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._buffers: OrderedDict[ShapeKey, list[np.ndarray]] = OrderedDict()
+        self._ready = threading.Event()
+        self._init_error: BaseException | None = None
+        self._idle = threading.Condition()
+        self._num_pending = 0  # batches dispatched and not finished
+        self._thread = threading.Thread(
+            target=self._main, name=f"inferchain-worker-{self.name}", daemon=True
+        )
+
+    # -- control (any thread) -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_ready(self) -> Session:
+        """Block until the session is loaded; re-raise the error if loading failed."""
+        self._ready.wait()
+        if self._init_error is not None:
+            raise self._init_error
+        assert self.session is not None
+        return self.session
+
+    def dispatch(self, batch: Batch) -> None:
+        with self._idle:
+            self._num_pending += 1
+        self._queue.put(batch)
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        """WaitForAllTaskDone: True once every dispatched batch has finished."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._num_pending == 0, timeout)
+
+    def stop(self) -> None:
+        """Finish the queued batches, then release the session on the worker thread."""
+        self._queue.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- the worker thread ----------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self._init()
+        except BaseException as e:  # reported to init() through wait_ready
+            self._init_error = e
+            self._ready.set()
+            self._release()
+            return
+        self._ready.set()
+        try:
+            while (batch := self._queue.get()) is not None:
+                self._execute(batch)
+        finally:
+            self._release()
+
+    def _init(self) -> None:
+        session = self._backend.load(self.model, self._device)
+        self.session = session
+        limit = session.max_batch_size
+        if self._batching and limit is not None and self.model.max_batch_size > limit:
+            raise ConfigError(
+                f"model {self.model.name!r}: max_batch_size {self.model.max_batch_size} "
+                f"exceeds the {limit} the loaded model accepts"
+            )
+        self._output_names = tuple(t.name for t in session.outputs)
+        shapes = tuple(t.item_shape() for t in session.inputs)
+        if self._batching and all(None not in s for s in shapes):
+            key: ShapeKey = tuple(s for s in shapes)  # type: ignore[misc]
+            self._buffers_for(key)  # the common case: allocated once, here
+            if self.model.warmup:
+                feed = [b for b in self._buffers_for(key)]
+                for b in feed:
+                    b.fill(0)
+                session.run(feed, len(feed[0]))
+        log.debug("worker_ready", worker=self.name, inputs=[t.describe() for t in session.inputs])
+
+    def _buffers_for(self, key: ShapeKey) -> list[np.ndarray]:
+        """Host input buffers for `key`, made once per shape (LRU for dynamic shapes)."""
+        buffers = self._buffers.get(key)
+        if buffers is None:
+            assert self.session is not None
+            rows = self.model.batch_rows
+            buffers = [
+                np.empty((rows, *shape), dtype=t.dtype)
+                for shape, t in zip(key, self.session.inputs, strict=True)
+            ]
+            self._buffers[key] = buffers
+            if len(self._buffers) > _MAX_SHAPE_BUFFERS:
+                self._buffers.popitem(last=False)
+        else:
+            self._buffers.move_to_end(key)
+        return buffers
+
+    def _execute(self, batch: Batch) -> None:
+        requests = batch.requests
+        try:
+            outputs = self._run(batch)
+        except Exception as e:
+            self._finish_idle()
+            self._fail(requests, e)
+        else:
+            self._finish_idle()
+            self._deliver(requests, outputs)
+        finally:
+            with self._idle:
+                self._num_pending -= 1
+                if self._num_pending == 0:
+                    self._idle.notify_all()
+
+    def _run(self, batch: Batch) -> Sequence[np.ndarray]:
+        session = self.session
+        assert session is not None
+        requests = batch.requests
+        n = len(requests)
+        if not self._batching:
+            return session.run(requests[0].inputs, 1)
+        feed = []
+        for i, buffer in enumerate(self._buffers_for(batch.shape_key)):
+            view = buffer[:n]
+            for row, request in enumerate(requests):
+                view[row] = request.inputs[i]
+            feed.append(view)
+        outputs = session.run(feed, n)
+        if session.reuses_outputs:
+            return [np.array(o[:n]) for o in outputs]
+        return [o[:n] for o in outputs]
+
+    def _finish_idle(self) -> None:
+        self.busy = False
+        self._on_idle()
+
+    def _deliver(self, requests: Sequence[Request], outputs: Sequence[np.ndarray]) -> None:
+        names = self._output_names
+        done = RequestState.DONE
+        if self._batching:
+            for request, row in zip(requests, zip(*outputs, strict=True), strict=False):
+                request.try_transition(done, outputs=dict(zip(names, row, strict=True)))
+        else:
+            requests[0].try_transition(done, outputs=dict(zip(names, outputs, strict=True)))
+        self._metrics.record_batch(requests, ok=True)
+
+    def _fail(self, requests: Sequence[Request], error: Exception) -> None:
+        if not isinstance(error, InferchainError):
+            error = BackendError(f"{self.name}: {type(error).__name__}: {error}")
+        log.error(
+            "batch_failed",
+            worker=self.name,
+            request_id=[r.id for r in requests],
+            error=type(error).__name__,
+            code=getattr(error, "code", None),
+            code_name=getattr(error, "name", None),
+            detail=str(error),
+        )
+        for request in requests:
+            request.try_transition(RequestState.ERROR, error=error)
+        self._metrics.record_batch(requests, ok=False)
+
+    def _release(self) -> None:
+        session, self.session = self.session, None
+        self._buffers.clear()
+        if session is None:
+            return
+        try:
+            session.close()
+        except Exception:
+            log.exception("session_close_failed", worker=self.name)
