@@ -242,7 +242,7 @@ class Recipe(_Schema):
         if not isinstance(models, list) or not models:
             raise ConfigError(f"{source}: key 'models' must be a non-empty list")
         raw["models"] = [
-            _resolve_model(ModelConfig.from_dict(m, f"models[{i}]", source), source)
+            _resolve_model(ModelConfig.from_dict(m, f"models[{i}]", source), source, i)
             for i, m in enumerate(models)
         ]
         names = [m.name for m in raw["models"]]
@@ -255,9 +255,10 @@ class Recipe(_Schema):
         return attrs.evolve(recipe, source=source)
 
 
-def _resolve_model(model: ModelConfig, source: Path) -> ModelConfig:
+def _resolve_model(model: ModelConfig, source: Path, index: int) -> ModelConfig:
     """Resolve a model's path: pkg:// to the installed package's file, relative to the recipe."""
-    return attrs.evolve(model, path=str(resolve_path(model.path, source.parent, model.name)))
+    where = f"{source}: key 'models[{index}].path'"
+    return attrs.evolve(model, path=str(resolve_path(model.path, source.parent, where)))
 
 
 def resolve_path(path: str, root: Path, what: str) -> Path:

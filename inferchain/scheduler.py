@@ -144,21 +144,29 @@ class Scheduler:
     # -- the loop ----------------------------------------------------------------------
 
     def _loop(self) -> None:
-        interval = self._config.interval_ms / 1000.0
-        timeout = interval
+        timeout = self._config.interval_ms / 1000.0
         while True:
             with self._cond:
                 if not (self._inbox or self._finished or self._stopping):
                     self._cond.wait(timeout)
                 if self._stopping:
                     break
-                self._wake_pending = False
-                inbox, self._inbox = self._inbox, []
             try:
-                timeout = self._step(inbox, interval)
+                timeout = self.run_once()
             except Exception:  # a bug here must not strand every request: log and go on
                 log.exception("scheduler_step_failed")
-                timeout = interval
+                timeout = self._config.interval_ms / 1000.0
+
+    def run_once(self) -> float:
+        """One pass of the loop: take new and finished requests, expire, admit, dispatch.
+
+        Runs on the scheduler thread; tests call it directly on a scheduler never started.
+        Returns how long the loop may sleep before the next pass (seconds).
+        """
+        with self._cond:
+            self._wake_pending = False
+            inbox, self._inbox = self._inbox, []
+        return self._step(inbox, self._config.interval_ms / 1000.0)
 
     def _step(self, inbox: list[Request], interval: float) -> float:
         now = time.perf_counter()

@@ -176,3 +176,41 @@ def write_image_model(path: str | Path, *, channels: int = 3, batch: int | None 
     out = Path(path)
     out.write_bytes(data)
     return out
+
+
+def write_mlp64(
+    path: str | Path,
+    *,
+    in_features: int = 64,
+    hidden: int = 32,
+    out_features: int = 10,
+    batch: int | None = None,
+    seed: int = 0,
+) -> Path:
+    """The benchmarks' tiny model: a 2-layer MLP, ``x`` float32 [N, 64] -> ``y`` [N, 10]."""
+    rng = np.random.default_rng(seed)
+    f32 = np.dtype(np.float32)
+    weights = {
+        "W1": (rng.standard_normal((in_features, hidden)) / np.sqrt(in_features)).astype(f32),
+        "b1": (rng.standard_normal(hidden) * 0.1).astype(f32),
+        "W2": (rng.standard_normal((hidden, out_features)) / np.sqrt(hidden)).astype(f32),
+        "b2": (rng.standard_normal(out_features) * 0.1).astype(f32),
+    }
+    n: Dim = batch if batch is not None else "N"
+    nodes = [
+        _node("MatMul", ["x", "W1"], ["h0"]),
+        _node("Add", ["h0", "b1"], ["h1"]),
+        _node("Relu", ["h1"], ["h"]),
+        _node("MatMul", ["h", "W2"], ["y0"]),
+        _node("Add", ["y0", "b2"], ["y"]),
+    ]
+    data = _model(
+        nodes,
+        [_tensor(k, v) for k, v in weights.items()],
+        [_value_info("x", f32, [n, in_features])],
+        [_value_info("y", f32, [n, out_features])],
+        "mlp64",
+    )
+    out = Path(path)
+    out.write_bytes(data)
+    return out

@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny real ONNX models, recipe builders, thread-leak checks."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from inferchain.config import Recipe
+from inferchain.testing.models import write_mlp, write_mlp64
+
+settings.register_profile(
+    "ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def mlp_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer MLP, x: float32[N, 64] -> y: float32[N, 10]."""
+    return write_mlp64(tmp_path_factory.mktemp("models") / "mlp64.onnx")
+
+
+@pytest.fixture(scope="session")
+def two_io_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two inputs (x float32[N, 4], scale float32[N, 1]) -> (logits [N, 3], hidden [N, 8])."""
+    return write_mlp(tmp_path_factory.mktemp("models") / "mlp2.onnx")
+
+
+def recipe(*models: dict[str, Any], **top: Any) -> Recipe:
+    """A Recipe from model dicts, with one intra-op thread by default (2-core machines)."""
+    data: dict[str, Any] = {
+        "name": "test",
+        "session_options": {"intra_op_num_threads": 1},
+        "models": list(models),
+    }
+    data.update(top)
+    return Recipe.from_dict(data)
+
+
+@pytest.fixture
+def make_recipe() -> Callable[..., Recipe]:
+    return recipe
+
+
+def inferchain_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("inferchain-")]
+
+
+@pytest.fixture
+def no_thread_leak() -> Iterator[None]:
+    """Fails the test if an inferchain thread is alive after it."""
+    yield
+    alive = inferchain_threads()
+    assert not alive, f"threads left behind: {[t.name for t in alive]}"

