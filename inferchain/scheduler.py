@@ -9,8 +9,10 @@ seconds, so a low priority is never starved forever.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
+import queue
 import threading
 import time
 from collections import deque
@@ -71,11 +73,11 @@ class Scheduler:
         self._config = config
         self._engine = engine
         self._queues = {m.name: ModelQueue(m) for m in models}
-        lock = threading.Lock()
-        self._cond = threading.Condition(lock)  # the loop waits here for work
-        self._space = threading.Condition(lock)  # submitters wait here for queue room
-        self._inbox: list[Request] = []  # submitted, not yet seen by the loop
+        self._space = threading.Condition()  # guards _num_waiting; full queues wait here
+        self._inbox: deque[Request] = deque()  # submitted, not yet seen by the loop
         self._finished: deque[Request] = deque()  # terminal, resources not yet released
+        # Wake-ups are tokens in a C-level queue: much cheaper to wake than a Condition.
+        self._wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._wake_pending = False
         self._num_waiting = 0  # submitted and not yet admitted nor finished
         self._seq = itertools.count()
@@ -99,27 +101,24 @@ class Scheduler:
     ) -> None:
         """Queue WAITING requests; blocks (or raises `QueueFull`) at `max_queue_size`."""
         limit = self._config.max_queue_size
-        with self._cond:
+        n = len(requests)
+        with self._space:
             if self._stopping:
                 raise Closed("the scheduler is stopped")
-            if self._num_waiting + len(requests) > limit and self._num_waiting > 0:
+            if self._num_waiting + n > limit and self._num_waiting > 0:
                 if not block:
                     raise QueueFull(f"waiting queue is full ({self._num_waiting}/{limit} requests)")
                 ok = self._space.wait_for(
-                    lambda: (
-                        self._stopping
-                        or self._num_waiting + len(requests) <= limit
-                        or self._num_waiting == 0
-                    ),
+                    lambda: self._stopping or not self._num_waiting + n - limit > 0,
                     timeout,
                 )
                 if self._stopping:
                     raise Closed("the scheduler is stopped")
                 if not ok:
                     raise QueueFull(f"waiting queue still full after {timeout}s")
-            self._num_waiting += len(requests)
-            self._inbox.extend(requests)
-            self._cond.notify()
+            self._num_waiting += n
+        self._inbox.extend(requests)
+        self.wake()
 
     def notify_finished(self, request: Request) -> None:
         """Terminal hook of every Request: release what it held (any thread)."""
@@ -127,17 +126,17 @@ class Scheduler:
         self.wake()
 
     def wake(self) -> None:
-        """Make the loop run once more soon (any thread, cheap when already pending)."""
+        """Make the loop run once more soon (any thread; cheap when one is pending)."""
         if not self._wake_pending:
             self._wake_pending = True
-            with self._cond:
-                self._cond.notify()
+            self._wakeups.put(None)
 
     def stop(self) -> None:
         """Stop the loop and join its thread; waiting requests must be finished first."""
-        with self._cond:
+        with self._space:
             self._stopping = True
-            self._cond.notify_all()
+            self._space.notify_all()
+        self._wakeups.put(None)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
 
@@ -145,12 +144,11 @@ class Scheduler:
 
     def _loop(self) -> None:
         timeout = self._config.interval_ms / 1000.0
-        while True:
-            with self._cond:
-                if not (self._inbox or self._finished or self._stopping):
-                    self._cond.wait(timeout)
-                if self._stopping:
-                    break
+        while not self._stopping:
+            with contextlib.suppress(queue.Empty):
+                self._wakeups.get(timeout=timeout)
+            if self._stopping:
+                break
             try:
                 timeout = self.run_once()
             except Exception:  # a bug here must not strand every request: log and go on
@@ -163,10 +161,10 @@ class Scheduler:
         Runs on the scheduler thread; tests call it directly on a scheduler never started.
         Returns how long the loop may sleep before the next pass (seconds).
         """
-        with self._cond:
-            self._wake_pending = False
-            inbox, self._inbox = self._inbox, []
-        return self._step(inbox, self._config.interval_ms / 1000.0)
+        self._wake_pending = False  # before draining: a later append wakes the loop again
+        inbox = self._inbox
+        taken = [inbox.popleft() for _ in range(len(inbox))]
+        return self._step(taken, self._config.interval_ms / 1000.0)
 
     def _step(self, inbox: list[Request], interval: float) -> float:
         now = time.perf_counter()
@@ -238,9 +236,7 @@ class Scheduler:
                     del self._num_deps[dependent.id]
                     self._push(dependent)
         if released:
-            with self._cond:
-                self._num_waiting -= released
-                self._space.notify_all()
+            self._release_waiting(released)
 
     def _expire(self, now: float) -> float:
         """Time out WAITING/READY requests past their deadline; returns the next deadline."""
@@ -273,10 +269,13 @@ class Scheduler:
                 q.allocate(request)
                 admitted.append(request)
         if admitted:
-            with self._cond:
-                self._num_waiting -= len(admitted)
-                self._space.notify_all()
+            self._release_waiting(len(admitted))
             self._engine.add(q.name, admitted)
+
+    def _release_waiting(self, n: int) -> None:
+        with self._space:
+            self._num_waiting -= n
+            self._space.notify_all()
 
     def queue_depths(self) -> Mapping[str, int]:
         """Per model, requests waiting in its heap (approximate, any thread)."""

@@ -1,0 +1,67 @@
+"""Shared benchmark plumbing: interleaved repetitions, medians, a table and a JSON file."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def interleave(sides: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Run each side once per round (A B C A B C ...) after one warm-up round.
+
+    Each side returns its own measure (seconds, or a latency); returns all rounds per side.
+    """
+    for fn in sides.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, fn in sides.items():
+            samples[name].append(fn())
+    return samples
+
+
+def timed(fn: Callable[[], object]) -> Callable[[], float]:
+    """A side that returns the wall time of `fn()`."""
+
+    def run() -> float:
+        started = time.perf_counter()
+        fn()
+        return time.perf_counter() - started
+
+    return run
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_results(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    payload = {
+        "benchmark": name,
+        "machine": {"python": platform.python_version(), "cpu_count": _cpus()},
+        **payload,
+    }
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
