@@ -1,0 +1,1 @@
+"""One module per `inferchain` subcommand, each with `register(subparsers)`."""
