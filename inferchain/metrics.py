@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -14,6 +14,23 @@ from inferchain.request import Request, RequestState
 
 STAGES = ("queue", "batch_wait", "execute", "end_to_end")
 _CAPACITY = 1 << 16  # latest samples kept per stage and model
+_TIMELINE = 100_000  # latest batches kept for traces and plots
+
+
+@attrs.frozen
+class BatchTiming:
+    """When one batch ran on which worker; times are `time.perf_counter()` seconds."""
+
+    model: str
+    worker: str  # e.g. "det#0"
+    size: int  # requests in the batch
+    shape_key: tuple[tuple[int, ...], ...]  # item shape of each input
+    ok: bool
+    picked: float  # the worker took the batch from its queue
+    run_start: float  # Session.run called (inputs stacked)
+    run_end: float  # Session.run returned
+    end: float  # outputs delivered to the requests
+    stages: Mapping[str, float] = attrs.field(factory=dict)  # backend split, e.g. h2d/compute/d2h
 
 
 @attrs.frozen
@@ -127,8 +144,11 @@ class ModelMetrics:
         self.first_submit: float | None = None
         self.last_done: float | None = None
         self._rings = {stage: _Ring() for stage in STAGES}
+        self.timeline: deque[BatchTiming] = deque(maxlen=_TIMELINE)
 
-    def record_batch(self, requests: Sequence[Request], ok: bool) -> None:
+    def record_batch(
+        self, requests: Sequence[Request], ok: bool, timing: BatchTiming | None = None
+    ) -> None:
         """Stage latencies of a finished batch, from the requests' state stamps."""
         n = len(requests)
         stamps = np.array([r._stamps for r in requests], dtype=float)
@@ -142,6 +162,8 @@ class ModelMetrics:
                 self.requests += n
             else:
                 self.errors += n
+            if timing is not None:
+                self.timeline.append(timing)
             first = float(submit.min())
             self.first_submit = (
                 first if self.first_submit is None else min(self.first_submit, first)

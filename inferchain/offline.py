@@ -19,6 +19,7 @@ from inferchain.config import ModelConfig, Recipe, load_recipe
 from inferchain.engine import ExecutionEngine
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.inputs import InputSpec
+from inferchain.memory import MemoryPlan, plan
 from inferchain.metrics import Metrics, Stats
 from inferchain.pipeline import Pipeline, PipelineDriver, load_pipeline
 from inferchain.request import Callback, Outputs, Request, RequestState
@@ -59,6 +60,7 @@ class OfflineInference:
         self._workers: dict[str, list[ModelWorker]] = {}
         self._specs: dict[str, InputSpec] = {}
         self._infos: dict[str, ModelInfo] = {}
+        self.memory: dict[str, MemoryPlan] = {}  # the memory budget table, after init()
         self._callbacks: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
         self._callback_thread: threading.Thread | None = None
         self._scheduler: Scheduler | None = None
@@ -82,7 +84,12 @@ class OfflineInference:
             self._phase = "closed"
             raise
         engine = ExecutionEngine(self.recipe.models, self._workers)
-        self._scheduler = Scheduler(self.recipe.scheduler, self.recipe.models, engine)
+        self._scheduler = Scheduler(
+            self.recipe.scheduler,
+            self.recipe.models,
+            engine,
+            {name: p.request_bytes for name, p in self.memory.items()},
+        )
         self._scheduler.start()
         self._callback_thread = threading.Thread(
             target=self._run_callbacks, name="inferchain-callbacks", daemon=True
@@ -116,6 +123,9 @@ class OfflineInference:
             self._specs[model.name] = InputSpec(
                 model.name, session.inputs, batching=model.max_batch_size > 0
             )
+            memory = plan(model, session.inputs, session.outputs)
+            memory.check()
+            self.memory[model.name] = memory
             self._infos[model.name] = ModelInfo(
                 model.name,
                 session.inputs,
@@ -232,14 +242,15 @@ class OfflineInference:
         timeout = config.timeout_s if timeout is None else timeout
         deadline = None if timeout is None else time.perf_counter() + timeout
         hook = self._finished if callback is None else self._finished_with_callback
-        budget = config.memory_budget_mb
         arrays = [spec.normalize(item) for item in items]
-        if budget is not None:
+        room = self.memory[model].request_bytes
+        if room is not None:
             for a in arrays:
-                if sum(x.nbytes for x in a) > budget * 2**20:
+                if (size := sum(x.nbytes for x in a)) > room:
                     raise InvalidInput(
-                        f"model {model!r}: one item of {sum(x.nbytes for x in a)} bytes exceeds "
-                        f"its memory_budget_mb {budget}"
+                        f"model {model!r}: an item of {size} bytes does not fit what "
+                        f"memory_budget_mb {config.memory_budget_mb} leaves for requests "
+                        f"({room} bytes)"
                     )
         with self._lock:
             if self._phase != "running":

@@ -31,11 +31,10 @@ log = structlog.get_logger(__name__)
 class ModelQueue:
     """One model's waiting heap and the resources its admitted requests hold."""
 
-    def __init__(self, model: ModelConfig) -> None:
+    def __init__(self, model: ModelConfig, budget_bytes: int | None) -> None:
         self.name = model.name
         self.num_slots = model.num_slots  # READY + RUNNING requests allowed at once
-        budget = model.memory_budget_mb
-        self.budget_bytes = None if budget is None else int(budget * 2**20)
+        self.budget_bytes = budget_bytes  # input bytes of admitted requests; None = no limit
         self.heap: list[tuple[float, int, Request]] = []  # (key, seq, request)
         self.num_admitted = 0  # requests holding a slot (READY or RUNNING)
         self.admitted_bytes = 0  # input bytes of those requests
@@ -69,10 +68,14 @@ class Scheduler:
         config: SchedulerConfig,
         models: Iterable[ModelConfig],
         engine: ExecutionEngine,
+        request_budgets: Mapping[str, int | None] | None = None,
     ) -> None:
+        """`request_budgets`: per model, input bytes its admitted requests may hold at once
+        (what `memory_budget_mb` leaves after the model and its buffers); default no limit."""
         self._config = config
         self._engine = engine
-        self._queues = {m.name: ModelQueue(m) for m in models}
+        budgets = request_budgets or {}
+        self._queues = {m.name: ModelQueue(m, budgets.get(m.name)) for m in models}
         self._space = threading.Condition()  # guards _num_waiting; full queues wait here
         self._inbox: deque[Request] = deque()  # submitted, not yet seen by the loop
         self._finished: deque[Request] = deque()  # terminal, resources not yet released

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -18,7 +19,7 @@ from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig
 from inferchain.engine import Batch
 from inferchain.errors import BackendError, ConfigError, InferchainError
-from inferchain.metrics import ModelMetrics
+from inferchain.metrics import BatchTiming, ModelMetrics
 from inferchain.request import Request, RequestState
 
 log = structlog.get_logger(__name__)
@@ -59,6 +60,7 @@ class ModelWorker:
         self._init_error: BaseException | None = None
         self._idle = threading.Condition()
         self._num_pending = 0  # batches dispatched and not finished
+        self._run_start = self._run_end = 0.0  # perf_counter around the current Session.run
         self._thread = threading.Thread(
             target=self._main, name=f"inferchain-worker-{self.name}", daemon=True
         )
@@ -155,14 +157,16 @@ class ModelWorker:
 
     def _execute(self, batch: Batch) -> None:
         requests = batch.requests
+        picked = time.perf_counter()
+        self._run_start = self._run_end = picked
         try:
             outputs = self._run(batch)
         except Exception as e:
             self._finish_idle()
-            self._fail(requests, e)
+            self._fail(requests, e, self._timing(batch, picked, ok=False))
         else:
             self._finish_idle()
-            self._deliver(requests, outputs)
+            self._deliver(requests, outputs, self._timing(batch, picked, ok=True))
         finally:
             with self._idle:
                 self._num_pending -= 1
@@ -175,23 +179,45 @@ class ModelWorker:
         requests = batch.requests
         n = len(requests)
         if not self._batching:
-            return session.run(requests[0].inputs, 1)
+            self._run_start = time.perf_counter()
+            outputs = session.run(requests[0].inputs, 1)
+            self._run_end = time.perf_counter()
+            return outputs
         feed = []
         for i, buffer in enumerate(self._buffers_for(batch.shape_key)):
             view = buffer[:n]
             for row, request in enumerate(requests):
                 view[row] = request.inputs[i]
             feed.append(view)
+        self._run_start = time.perf_counter()
         outputs = session.run(feed, n)
+        self._run_end = time.perf_counter()
         if session.reuses_outputs:
             return [np.array(o[:n]) for o in outputs]
         return [o[:n] for o in outputs]
+
+    def _timing(self, batch: Batch, picked: float, ok: bool) -> BatchTiming:
+        stages = getattr(self.session, "last_stages", None)
+        return BatchTiming(
+            model=batch.model,
+            worker=self.name,
+            size=batch.size,
+            shape_key=batch.shape_key,
+            ok=ok,
+            picked=picked,
+            run_start=self._run_start,
+            run_end=self._run_end,
+            end=time.perf_counter(),
+            stages=dict(stages) if stages else {},
+        )
 
     def _finish_idle(self) -> None:
         self.busy = False
         self._on_idle()
 
-    def _deliver(self, requests: Sequence[Request], outputs: Sequence[np.ndarray]) -> None:
+    def _deliver(
+        self, requests: Sequence[Request], outputs: Sequence[np.ndarray], timing: BatchTiming
+    ) -> None:
         names = self._output_names
         done = RequestState.DONE
         if self._batching:
@@ -199,9 +225,15 @@ class ModelWorker:
                 request.try_transition(done, outputs=dict(zip(names, row, strict=True)))
         else:
             requests[0].try_transition(done, outputs=dict(zip(names, outputs, strict=True)))
-        self._metrics.record_batch(requests, ok=True)
+        self._metrics.record_batch(requests, ok=True, timing=timing)
+        log.debug(
+            "batch_done",
+            worker=self.name,
+            size=len(requests),
+            run_ms=round((timing.run_end - timing.run_start) * 1e3, 3),
+        )
 
-    def _fail(self, requests: Sequence[Request], error: Exception) -> None:
+    def _fail(self, requests: Sequence[Request], error: Exception, timing: BatchTiming) -> None:
         if not isinstance(error, InferchainError):
             error = BackendError(f"{self.name}: {type(error).__name__}: {error}")
         log.error(
@@ -215,7 +247,7 @@ class ModelWorker:
         )
         for request in requests:
             request.try_transition(RequestState.ERROR, error=error)
-        self._metrics.record_batch(requests, ok=False)
+        self._metrics.record_batch(requests, ok=False, timing=timing)
 
     def _release(self) -> None:
         session, self.session = self.session, None

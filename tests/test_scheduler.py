@@ -45,7 +45,8 @@ def create_scheduler(
         for n, k in slots.items()
     ]
     config = SchedulerConfig(aging_s=aging_s, max_queue_size=max_queue_size)
-    return Scheduler(config, models, engine), engine  # type: ignore[arg-type]
+    budgets = {n: None if budget_mb is None else int(budget_mb * 2**20) for n in slots}
+    return Scheduler(config, models, engine, budgets), engine  # type: ignore[arg-type]
 
 
 def create_request(

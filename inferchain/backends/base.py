@@ -28,6 +28,8 @@ class Session(abc.ABC):
     max_batch_size: int | None = None  # largest batch the loaded model accepts; None = any
     reuses_outputs: bool = True  # run() returns the same host buffers each call
     metadata: Mapping[str, str] = {}  # the model file's custom metadata, where it has any
+    last_stages: Mapping[str, float] | None = None  # seconds per stage of the last run
+    # (e.g. {"h2d": ..., "compute": ..., "d2h": ...}) where the backend can tell
 
     @abc.abstractmethod
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:

@@ -1,0 +1,82 @@
+"""The memory budget table (R21): model size, buffers for the max batch, instances, budget.
+
+`memory_budget_mb` of a model covers its static memory (model file and pre-allocated batch
+buffers, per instance) plus the input bytes of its admitted (READY or RUNNING) requests.
+`init()` refuses a model whose static memory alone exceeds the budget; the Scheduler admits
+requests only while the rest fits.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import attrs
+
+from inferchain.config import ModelConfig
+from inferchain.errors import ConfigError
+from inferchain.tensors import TensorDesc
+
+MB = 2**20
+
+
+def tensor_bytes(desc: TensorDesc, rows: int) -> int | None:
+    """Bytes of `desc` with its batch dim set to `rows`; None if another dim is dynamic."""
+    dims = desc.shape[1:] if desc.shape else ()
+    if any(d is None for d in dims):
+        return None
+    return rows * math.prod(d for d in dims if d is not None) * desc.dtype.itemsize
+
+
+@attrs.frozen
+class MemoryPlan:
+    """One model's row of the memory budget table; sizes in bytes."""
+
+    model: str
+    model_bytes: int  # size of the model file
+    buffer_bytes: int  # input + output buffers for the max batch, one instance (static dims)
+    dynamic: bool  # some dims are dynamic: their buffers are made per shape on first use
+    max_batch: int
+    instances: int
+    budget_bytes: int | None  # memory_budget_mb, or None for no budget
+
+    @property
+    def static_bytes(self) -> int:
+        return (self.model_bytes + self.buffer_bytes) * self.instances
+
+    @property
+    def request_bytes(self) -> int | None:
+        """What is left for admitted requests' inputs, or None without a budget."""
+        return None if self.budget_bytes is None else self.budget_bytes - self.static_bytes
+
+    def check(self) -> None:
+        """Raise `ConfigError` when the static memory alone does not fit the budget."""
+        if self.budget_bytes is not None and self.static_bytes > self.budget_bytes:
+            raise ConfigError(
+                f"model {self.model!r} needs {self.static_bytes / MB:.1f} MB "
+                f"(model {self.model_bytes / MB:.1f} MB + buffers {self.buffer_bytes / MB:.1f} MB"
+                f", x {self.instances} instances) but memory_budget_mb is "
+                f"{self.budget_bytes / MB:.1f}"
+            )
+
+    def to_dict(self) -> dict[str, object]:
+        return {**attrs.asdict(self), "static_bytes": self.static_bytes}
+
+
+def plan(
+    model: ModelConfig, inputs: Sequence[TensorDesc], outputs: Sequence[TensorDesc]
+) -> MemoryPlan:
+    """The memory plan of `model` given its IO description."""
+    rows = model.batch_rows
+    sizes = [tensor_bytes(t, rows) for t in (*inputs, *outputs)]
+    budget = model.memory_budget_mb
+    return MemoryPlan(
+        model=model.name,
+        model_bytes=os.path.getsize(model.path) if os.path.exists(model.path) else 0,
+        buffer_bytes=sum(s for s in sizes if s is not None),
+        dynamic=any(s is None for s in sizes),
+        max_batch=model.max_batch_size,
+        instances=model.instances,
+        budget_bytes=None if budget is None else int(budget * MB),
+    )

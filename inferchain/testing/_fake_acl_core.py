@@ -1,0 +1,251 @@
+"""FakeAcl's shared core: error codes, the call wrapper, the ledger and fault injection.
+
+Every public fake call goes through `api()`: it counts the call, refuses it before `init`,
+fires injected faults, and turns an internal `Fail` into the call's documented return shape
+(a bare code, `(0, code)`, `({}, code)`, a NULL value ...), as pyACL reports errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import operator
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import attrs
+
+if TYPE_CHECKING:
+    from inferchain.testing._fake_acl_mdl import Dataset, Desc, Execution, LoadedModel
+    from inferchain.testing._fake_acl_memory import DeviceMemory, HostMemory
+    from inferchain.testing._fake_acl_rt import Context, Event, Stream
+
+SUCCESS = 0
+INVALID_PARAM = 100000
+UNINITIALIZE = 100001
+REPEAT_INITIALIZE = 100002
+INVALID_FILE = 100003
+INVALID_MODEL_ID = 100011
+MODEL_INPUT_NOT_MATCH = 100017
+MODEL_OUTPUT_NOT_MATCH = 100018
+MODEL_NOT_DYNAMIC = 100019
+REPEAT_FINALIZE = 100037
+INVALID_RESOURCE_HANDLE = 200005
+RT_PARAM_INVALID = 107000
+RT_INVALID_DEVICEID = 107001
+RT_CONTEXT_NULL = 107002
+RT_STREAM_CONTEXT = 107003
+RT_MODEL_CONTEXT = 107004
+RT_MEMORY_ALLOCATION = 207001
+GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
+GE_SHAPE_INVALID = 145021
+INTERNAL_ERROR = 500000
+
+
+_NO_INIT_NEEDED = frozenset({"init", "finalize", "get_recent_err_msg"})  # finalize: own rule
+
+
+class Fail(Exception):
+    """Internal: a fake call fails with `code`; `api()` turns it into the return value."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def as_int(value: object, what: str) -> int:
+    """`value` as an int, or TypeError (pyACL's argument parsing rejects non-integers)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}") from None
+
+
+@attrs.define
+class Injection:
+    """A fault planted by `FakeAcl.inject`."""
+
+    call: str
+    code: int
+    nth: int | None  # fire once, on this call (1-based, counted from the inject)
+    p: float | None  # fire on each call with this probability
+    seen: int = 0  # matching calls since the inject
+
+
+@attrs.define(eq=False)
+class DataBuffer:
+    handle: int
+    ptr: int  # what acl.create_data_buffer was given (device memory, usually)
+    size: int  # bytes
+
+
+class State:
+    """Everything one fake "process" holds: the ledger of live handles, counters, faults."""
+
+    def __init__(self, *, seed: int, device_count: int) -> None:
+        self.lock = threading.RLock()
+        self.device_count = device_count
+        self.initialized = False
+        self.was_finalized = False
+        self.calls: list[str] = []
+        self.counts: Counter[str] = Counter()
+        self.errors: list[tuple[str, int]] = []  # every failed call, in order
+        self.executions: list[Execution] = []
+        self.injections: list[Injection] = []
+        self.rng = random.Random(seed)
+        self._tls = threading.local()
+        self._handles = itertools.count(0x5A0000, 0x40)  # one space: no two handles collide
+        self._model_ids = itertools.count(1)
+        # the ledger, handle -> object
+        self.device_refs: Counter[int] = Counter()  # device id -> set_device references
+        self.default_contexts: dict[int, Context] = {}  # device id -> implicit context
+        self.contexts: dict[int, Context] = {}  # created with rt.create_context
+        self.streams: dict[int, Stream] = {}
+        self.events: dict[int, Event] = {}
+        self.models: dict[int, LoadedModel] = {}  # by model_id
+        self.descs: dict[int, Desc] = {}
+        self.datasets: dict[int, Dataset] = {}
+        self.buffers: dict[int, DataBuffer] = {}
+        self.memory: DeviceMemory
+        self.host: HostMemory
+
+    # -- handles and the calling thread ----------------------------------------------------
+
+    def new_handle(self) -> int:
+        return next(self._handles)
+
+    def new_model_id(self) -> int:
+        return next(self._model_ids)
+
+    @property
+    def current(self) -> Context | None:
+        """The calling thread's current context (None if unset or destroyed since)."""
+        ctx: Context | None = getattr(self._tls, "context", None)
+        return ctx if ctx is not None and ctx.alive else None
+
+    @current.setter
+    def current(self, ctx: Context | None) -> None:
+        self._tls.context = ctx
+
+    def require_context(self) -> Context:
+        ctx = self.current
+        if ctx is None:
+            raise Fail(RT_CONTEXT_NULL, "no current context on this thread (set_context first)")
+        return ctx
+
+    def require_stream(self, handle: int) -> Stream:
+        """The stream, checked against the calling thread's current context."""
+        if handle == 0:
+            raise Fail(RT_PARAM_INVALID, "stream 0 (default stream) is not modelled: create one")
+        stream = self.streams.get(handle)
+        if stream is None:
+            raise Fail(RT_PARAM_INVALID, f"unknown stream {handle:#x}")
+        ctx = self.require_context()
+        if ctx is not stream.context:
+            raise Fail(
+                RT_STREAM_CONTEXT,
+                f"stream {handle:#x} belongs to context {stream.context.handle:#x}, "
+                f"the thread's current context is {ctx.handle:#x}",
+            )
+        return stream
+
+    @property
+    def recent_error(self) -> str:
+        return cast(str, getattr(self._tls, "message", ""))
+
+    # -- calls, errors, faults ------------------------------------------------------------
+
+    def record_call(self, name: str) -> None:
+        with self.lock:
+            self.calls.append(name)
+            self.counts[name] += 1
+
+    def record_error(self, name: str, code: int, message: str) -> None:
+        with self.lock:
+            self.errors.append((name, code))
+        self._tls.message = f"[fake acl] {name}: {message}"
+
+    def maybe_inject(self, name: str) -> None:
+        with self.lock:
+            for inj in self.injections:
+                if inj.call != name:
+                    continue
+                inj.seen += 1
+                if inj.nth is not None:
+                    fire = inj.seen == inj.nth
+                    if fire:
+                        self.injections.remove(inj)
+                elif inj.p is not None:
+                    fire = self.rng.random() < inj.p
+                else:
+                    fire = True
+                if fire:
+                    raise Fail(inj.code, f"injected failure (call #{inj.seen} since inject)")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+Failure = Callable[[int, tuple[Any, ...]], Any]  # (code, call args) -> what the call returns
+
+
+def ret(code: int, args: tuple[Any, ...]) -> int:
+    return code
+
+
+def pair(code: int, args: tuple[Any, ...]) -> tuple[int, int]:
+    return 0, code
+
+
+def dict_pair(code: int, args: tuple[Any, ...]) -> tuple[dict[str, Any], int]:
+    return {}, code
+
+
+def null(code: int, args: tuple[Any, ...]) -> int:
+    return 0
+
+
+def undefined_type(code: int, args: tuple[Any, ...]) -> int:
+    return -1  # ACL_DT_UNDEFINED
+
+
+def empty_name(code: int, args: tuple[Any, ...]) -> str:
+    return ""
+
+
+def same_first(code: int, args: tuple[Any, ...]) -> tuple[Any, int]:
+    return (args[0] if args else 0), code
+
+
+class Namespace:
+    """Base of the fake's attribute tree (`acl`, `acl.rt`, `acl.mdl`): they share one State."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+
+
+def api(name: str, failure: Failure = ret) -> Callable[[F], F]:
+    """Wrap a fake call: count it, check init, fire faults, map `Fail` to its return shape."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def call(self: Namespace, *args: Any, **kwargs: Any) -> Any:
+            state = self._state
+            state.record_call(name)
+            try:
+                if name not in _NO_INIT_NEEDED and not state.initialized:
+                    raise Fail(UNINITIALIZE, "acl.init() has not been called (or was finalized)")
+                state.maybe_inject(name)
+                return fn(self, *args, **kwargs)
+            except Fail as e:
+                state.record_error(name, e.code, e.message)
+                return failure(e.code, args)
+
+        return cast(F, call)
+
+    return wrap

@@ -1,0 +1,468 @@
+"""FakeAcl's `acl.mdl`: loading, model descs, datasets, gears and (async) execution.
+
+A model lives in the context it was loaded in (107004 from any other), executes on one stream
+at a time (107000 while it is in flight elsewhere), and reads its inputs from / writes its
+outputs to simulated device memory when its task runs on the stream's thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from inferchain.testing._fake_acl_core import (
+    GE_DYNAMIC_BATCH_SIZE_INVALID,
+    GE_SHAPE_INVALID,
+    INVALID_MODEL_ID,
+    INVALID_PARAM,
+    INVALID_RESOURCE_HANDLE,
+    MODEL_INPUT_NOT_MATCH,
+    MODEL_NOT_DYNAMIC,
+    MODEL_OUTPUT_NOT_MATCH,
+    RT_MODEL_CONTEXT,
+    RT_PARAM_INVALID,
+    DataBuffer,
+    Fail,
+    Namespace,
+    State,
+    api,
+    as_int,
+    dict_pair,
+    empty_name,
+    null,
+    pair,
+    same_first,
+    undefined_type,
+)
+from inferchain.testing._fake_acl_model import MBATCH_INPUT, CompiledModel, Gear, IOSpec
+from inferchain.testing._fake_acl_rt import Context, Stream
+
+Loader = Callable[[Path | bytes, str], CompiledModel]
+
+
+@attrs.frozen
+class Execution:
+    """One finished model execution, as `FakeAcl.executions` lists them."""
+
+    model_id: int
+    batch: int  # rows the model ran (the compiled batch or the gear)
+    hw: tuple[int, int] | None  # (height, width) for a dynamic-HW model
+
+
+@attrs.define(eq=False)
+class LoadedModel:
+    model_id: int
+    compiled: CompiledModel
+    context: Context
+    gear: Gear  # the gear last set (the largest until set_dynamic_* is called)
+    inflight: int = 0  # executions enqueued and not finished
+    stream: Stream | None = None  # where they run
+
+
+@attrs.define(eq=False)
+class Desc:
+    handle: int
+    model: LoadedModel | None = None  # filled by get_desc
+
+
+@attrs.define(eq=False)
+class Dataset:
+    handle: int
+    buffers: list[int] = attrs.Factory(list)
+
+
+Slots = list[tuple[int, int]]  # (device pointer, bytes) per input or output
+
+
+class FakeMdl(Namespace):
+    """`acl.mdl`."""
+
+    def __init__(self, state: State, loader: Loader) -> None:
+        super().__init__(state)
+        self._load = loader
+
+    # -- load and unload ------------------------------------------------------------------
+
+    def _register(self, compiled: CompiledModel, ctx: Context) -> int:
+        st = self._state
+        with st.lock:
+            model = LoadedModel(st.new_model_id(), compiled, ctx, compiled.largest_gear)
+            st.models[model.model_id] = model
+        return model.model_id
+
+    @api("mdl.load_from_file", pair)
+    def load_from_file(self, model_path: str) -> tuple[int, int]:
+        if not isinstance(model_path, str):
+            raise TypeError(f"model_path must be a str, got {type(model_path).__name__}")
+        ctx = self._state.require_context()
+        return self._register(self._load(Path(model_path), model_path), ctx), 0
+
+    @api("mdl.load_from_mem", pair)
+    def load_from_mem(self, model: int, model_size: int) -> tuple[int, int]:
+        ptr, size = as_int(model, "model"), as_int(model_size, "model_size")
+        ctx = self._state.require_context()
+        if ptr == 0 or size <= 0:
+            raise Fail(INVALID_PARAM, "load_from_mem needs a host pointer and a size")
+        data = ctypes.string_at(ptr, size)
+        return self._register(self._load(data, f"<{size} bytes at {ptr:#x}>"), ctx), 0
+
+    def _model(self, model_id: object) -> LoadedModel:
+        """The model, checked against the calling thread's current context."""
+        mid = as_int(model_id, "model_id")
+        model = self._state.models.get(mid)
+        if model is None:
+            raise Fail(INVALID_MODEL_ID, f"unknown model_id {mid}")
+        ctx = self._state.require_context()
+        if ctx is not model.context:
+            raise Fail(
+                RT_MODEL_CONTEXT,
+                f"model {mid} was loaded in context {model.context.handle:#x}, "
+                f"the thread's current context is {ctx.handle:#x}",
+            )
+        return model
+
+    @api("mdl.unload")
+    def unload(self, model_id: int) -> int:
+        st = self._state
+        with st.lock:
+            model = self._model(model_id)
+            if model.inflight:
+                raise Fail(RT_PARAM_INVALID, f"model {model.model_id} is still executing")
+            del st.models[model.model_id]
+        return 0
+
+    # -- descs ----------------------------------------------------------------------------
+
+    @api("mdl.create_desc", null)
+    def create_desc(self) -> int:
+        st = self._state
+        with st.lock:
+            desc = Desc(st.new_handle())
+            st.descs[desc.handle] = desc
+        return desc.handle
+
+    def _desc(self, desc: object) -> Desc:
+        handle = as_int(desc, "model_desc")
+        found = self._state.descs.get(handle)
+        if found is None:
+            raise Fail(INVALID_RESOURCE_HANDLE, f"unknown model desc {handle:#x}")
+        return found
+
+    @api("mdl.get_desc")
+    def get_desc(self, model_desc: int, model_id: int) -> int:
+        desc = self._desc(model_desc)
+        mid = as_int(model_id, "model_id")
+        model = self._state.models.get(mid)
+        if model is None:
+            raise Fail(INVALID_MODEL_ID, f"unknown model_id {mid}")
+        desc.model = model
+        return 0
+
+    @api("mdl.destroy_desc")
+    def destroy_desc(self, model_desc: int) -> int:
+        with self._state.lock:
+            del self._state.descs[self._desc(model_desc).handle]
+        return 0
+
+    def _io(self, model_desc: object, index: object, outputs: bool) -> IOSpec:
+        desc = self._desc(model_desc)
+        if desc.model is None:
+            raise Fail(INVALID_PARAM, f"model desc {desc.handle:#x} was not filled by get_desc")
+        specs = desc.model.compiled.outputs if outputs else desc.model.compiled.inputs
+        i = as_int(index, "index")
+        if not 0 <= i < len(specs):
+            raise Fail(INVALID_PARAM, f"index {i} out of range (model has {len(specs)})")
+        return specs[i]
+
+    def _count(self, model_desc: object, outputs: bool) -> int:
+        desc = self._desc(model_desc)
+        if desc.model is None:
+            raise Fail(INVALID_PARAM, f"model desc {desc.handle:#x} was not filled by get_desc")
+        compiled = desc.model.compiled
+        return len(compiled.outputs if outputs else compiled.inputs)
+
+    @api("mdl.get_num_inputs", null)
+    def get_num_inputs(self, model_desc: int) -> int:
+        return self._count(model_desc, outputs=False)
+
+    @api("mdl.get_num_outputs", null)
+    def get_num_outputs(self, model_desc: int) -> int:
+        return self._count(model_desc, outputs=True)
+
+    @api("mdl.get_input_size_by_index", null)
+    def get_input_size_by_index(self, model_desc: int, index: int) -> int:
+        return self._io(model_desc, index, outputs=False).size
+
+    @api("mdl.get_output_size_by_index", null)
+    def get_output_size_by_index(self, model_desc: int, index: int) -> int:
+        return self._io(model_desc, index, outputs=True).size
+
+    @api("mdl.get_input_dims", dict_pair)
+    def get_input_dims(self, model_desc: int, index: int) -> tuple[dict[str, Any], int]:
+        spec = self._io(model_desc, index, outputs=False)
+        return _dims(spec.name, spec.dims), 0
+
+    @api("mdl.get_output_dims", dict_pair)
+    def get_output_dims(self, model_desc: int, index: int) -> tuple[dict[str, Any], int]:
+        spec = self._io(model_desc, index, outputs=True)
+        return _dims(spec.name, spec.dims), 0
+
+    @api("mdl.get_cur_output_dims", dict_pair)
+    def get_cur_output_dims(self, model_desc: int, index: int) -> tuple[dict[str, Any], int]:
+        spec = self._io(model_desc, index, outputs=True)
+        model = self._desc(model_desc).model
+        assert model is not None  # _io checked
+        shape = model.compiled.output_shapes(model.gear)[as_int(index, "index")]
+        return _dims(spec.name, shape), 0
+
+    @api("mdl.get_input_data_type", undefined_type)
+    def get_input_data_type(self, model_desc: int, index: int) -> int:
+        return self._io(model_desc, index, outputs=False).acl_type
+
+    @api("mdl.get_output_data_type", undefined_type)
+    def get_output_data_type(self, model_desc: int, index: int) -> int:
+        return self._io(model_desc, index, outputs=True).acl_type
+
+    @api("mdl.get_input_name_by_index", empty_name)
+    def get_input_name_by_index(self, model_desc: int, index: int) -> str:
+        return self._io(model_desc, index, outputs=False).name
+
+    @api("mdl.get_output_name_by_index", empty_name)
+    def get_output_name_by_index(self, model_desc: int, index: int) -> str:
+        return self._io(model_desc, index, outputs=True).name
+
+    @api("mdl.get_input_index_by_name", pair)
+    def get_input_index_by_name(self, model_desc: int, name: str) -> tuple[int, int]:
+        for i in range(self._count(model_desc, outputs=False)):
+            if self._io(model_desc, i, outputs=False).name == name:
+                return i, 0
+        raise Fail(INVALID_PARAM, f"no input named {name!r}")
+
+    @api("mdl.get_output_index_by_name", pair)
+    def get_output_index_by_name(self, model_desc: int, name: str) -> tuple[int, int]:
+        for i in range(self._count(model_desc, outputs=True)):
+            if self._io(model_desc, i, outputs=True).name == name:
+                return i, 0
+        raise Fail(INVALID_PARAM, f"no output named {name!r}")
+
+    @api("mdl.get_dynamic_batch", dict_pair)
+    def get_dynamic_batch(self, model_desc: int) -> tuple[dict[str, Any], int]:
+        self._count(model_desc, outputs=False)  # checks the desc
+        model = self._desc(model_desc).model
+        assert model is not None
+        gears = list(model.compiled.batch_gears)
+        return {"batchCount": len(gears), "batch": gears}, 0
+
+    @api("mdl.get_dynamic_hw", dict_pair)
+    def get_dynamic_hw(self, model_desc: int, index: int) -> tuple[dict[str, Any], int]:
+        self._count(model_desc, outputs=False)
+        model = self._desc(model_desc).model
+        assert model is not None
+        gears = [list(hw) for hw in model.compiled.hw_gears]
+        return {"hwCount": len(gears), "hw": gears}, 0
+
+    # -- datasets -------------------------------------------------------------------------
+
+    @api("mdl.create_dataset", null)
+    def create_dataset(self) -> int:
+        st = self._state
+        with st.lock:
+            dataset = Dataset(st.new_handle())
+            st.datasets[dataset.handle] = dataset
+        return dataset.handle
+
+    def _dataset(self, dataset: object) -> Dataset:
+        handle = as_int(dataset, "dataset")
+        found = self._state.datasets.get(handle)
+        if found is None:
+            raise Fail(INVALID_RESOURCE_HANDLE, f"unknown dataset {handle:#x}")
+        return found
+
+    def _buffer(self, buffer: object) -> DataBuffer:
+        handle = as_int(buffer, "data_buffer")
+        found = self._state.buffers.get(handle)
+        if found is None:
+            raise Fail(INVALID_RESOURCE_HANDLE, f"unknown data buffer {handle:#x}")
+        return found
+
+    @api("mdl.add_dataset_buffer", same_first)
+    def add_dataset_buffer(self, dataset: int, data_buffer: int) -> tuple[int, int]:
+        with self._state.lock:
+            ds = self._dataset(dataset)
+            ds.buffers.append(self._buffer(data_buffer).handle)
+        return ds.handle, 0
+
+    @api("mdl.get_dataset_num_buffers", null)
+    def get_dataset_num_buffers(self, dataset: int) -> int:
+        return len(self._dataset(dataset).buffers)
+
+    @api("mdl.get_dataset_buffer", null)
+    def get_dataset_buffer(self, dataset: int, index: int) -> int:
+        ds, i = self._dataset(dataset), as_int(index, "index")
+        if not 0 <= i < len(ds.buffers):
+            raise Fail(INVALID_PARAM, f"index {i} out of range (dataset has {len(ds.buffers)})")
+        return ds.buffers[i]
+
+    @api("mdl.destroy_dataset")
+    def destroy_dataset(self, dataset: int) -> int:
+        with self._state.lock:
+            del self._state.datasets[self._dataset(dataset).handle]
+        return 0
+
+    # -- gears ----------------------------------------------------------------------------
+
+    def _mbatch_slot(self, model: LoadedModel, dataset: object, index: object) -> tuple[int, int]:
+        specs = model.compiled.inputs
+        i = as_int(index, "index")
+        if not 0 <= i < len(specs) or specs[i].name != MBATCH_INPUT:
+            raise Fail(INVALID_PARAM, f"input {i} is not {MBATCH_INPUT}")
+        ds = self._dataset(dataset)
+        if i >= len(ds.buffers):
+            raise Fail(INVALID_PARAM, f"dataset {ds.handle:#x} has no buffer {i}")
+        buf = self._buffer(ds.buffers[i])
+        if buf.size < specs[i].size:
+            raise Fail(INVALID_PARAM, f"buffer {i} holds {buf.size} bytes, needs {specs[i].size}")
+        memory = self._state.memory
+        memory.check_idle([memory.find(buf.ptr, specs[i].size)[0]], "set_dynamic_*")
+        return buf.ptr, specs[i].size
+
+    @api("mdl.set_dynamic_batch_size")
+    def set_dynamic_batch_size(self, model_id: int, dataset: int, index: int, batch: int) -> int:
+        st = self._state
+        with st.lock:
+            model = self._model(model_id)
+            if not model.compiled.batch_gears:
+                raise Fail(MODEL_NOT_DYNAMIC, f"model {model.model_id} has no batch gears")
+            b = as_int(batch, "batch_size")
+            if b not in model.compiled.batch_gears:
+                raise Fail(
+                    GE_DYNAMIC_BATCH_SIZE_INVALID,
+                    f"batch {b} is not a gear of model {model.model_id}: "
+                    f"{list(model.compiled.batch_gears)}",
+                )
+            ptr, _ = self._mbatch_slot(model, dataset, index)
+            st.memory.write(ptr, np.array([b], np.int64))
+            model.gear = Gear(b)
+        return 0
+
+    @api("mdl.set_dynamic_hw_size")
+    def set_dynamic_hw_size(
+        self, model_id: int, dataset: int, index: int, height: int, width: int
+    ) -> int:
+        st = self._state
+        with st.lock:
+            model = self._model(model_id)
+            compiled = model.compiled
+            if not compiled.hw_gears:
+                raise Fail(MODEL_NOT_DYNAMIC, f"model {model.model_id} has no image-size gears")
+            hw = (as_int(height, "height"), as_int(width, "width"))
+            if hw not in compiled.hw_gears:
+                raise Fail(GE_SHAPE_INVALID, f"{hw} is not a gear: {list(compiled.hw_gears)}")
+            ptr, _ = self._mbatch_slot(model, dataset, index)
+            st.memory.write(ptr, np.array(hw, np.int64))
+            model.gear = Gear(compiled.static_batch, hw)
+        return 0
+
+    # -- execution ------------------------------------------------------------------------
+
+    def _slots(self, dataset: object, specs: list[IOSpec], code: int, what: str) -> Slots:
+        ds = self._dataset(dataset)
+        if len(ds.buffers) != len(specs):
+            raise Fail(
+                code, f"{what} dataset has {len(ds.buffers)} buffers, model has {len(specs)}"
+            )
+        slots = []
+        for i, (handle, spec) in enumerate(zip(ds.buffers, specs, strict=True)):
+            buf = self._buffer(handle)
+            if buf.size < spec.size:
+                raise Fail(code, f"{what} {i} buffer holds {buf.size} bytes, needs {spec.size}")
+            self._state.memory.find(buf.ptr, spec.size)  # 107000 unless device memory
+            slots.append((buf.ptr, spec.size))
+        return slots
+
+    def _begin(
+        self, model: LoadedModel, in_ds: object, out_ds: object, stream: Stream | None
+    ) -> tuple[Slots, Slots]:
+        """Validate one execution and mark the model and its memory busy (lock held)."""
+        if model.inflight and (stream is None or model.stream is not stream):
+            raise Fail(
+                RT_PARAM_INVALID,
+                f"model {model.model_id} is already executing on another stream or thread",
+            )
+        compiled = model.compiled
+        inputs = self._slots(in_ds, compiled.inputs, MODEL_INPUT_NOT_MATCH, "input")
+        outputs = self._slots(out_ds, compiled.outputs, MODEL_OUTPUT_NOT_MATCH, "output")
+        self._state.memory.hold(_bases(self._state, inputs + outputs))
+        model.inflight += 1
+        model.stream = stream
+        return inputs, outputs
+
+    def _finish(self, model: LoadedModel, slots: Slots) -> None:
+        with self._state.lock:
+            self._state.memory.release(_bases(self._state, slots))
+            model.inflight -= 1
+
+    def _run(self, model: LoadedModel, inputs: Slots, outputs: Slots) -> None:
+        """The device side: read inputs, run the ONNX model, write outputs."""
+        st, compiled = self._state, model.compiled
+        gear = compiled.largest_gear
+        if compiled.batch_gears or compiled.hw_gears:
+            picked = compiled.gear_from(st.memory.read(*inputs[-1]))
+            if picked is None:
+                code = GE_DYNAMIC_BATCH_SIZE_INVALID if compiled.batch_gears else GE_SHAPE_INVALID
+                raise Fail(code, f"{MBATCH_INPUT} does not hold a gear (set_dynamic_* first?)")
+            gear = picked
+        arrays = []
+        for spec, (ptr, _) in zip(compiled.data_inputs, inputs, strict=False):
+            shape = spec.shape(gear)
+            raw = st.memory.read(ptr, math.prod(shape) * spec.dtype.itemsize)
+            arrays.append(raw.view(spec.dtype).reshape(shape))
+        results = compiled.execute(gear, arrays)
+        for result, (ptr, size) in zip(results, outputs, strict=True):
+            if result.nbytes > size:
+                raise Fail(MODEL_OUTPUT_NOT_MATCH, f"output of {result.nbytes} bytes > {size}")
+            st.memory.write(ptr, result)
+        with st.lock:
+            st.executions.append(Execution(model.model_id, gear.batch, gear.hw))
+
+    @api("mdl.execute")
+    def execute(self, model_id: int, input: int, output: int) -> int:  # pyACL's argument names
+        with self._state.lock:
+            model = self._model(model_id)
+            inputs, outputs = self._begin(model, input, output, None)
+        try:
+            self._run(model, inputs, outputs)
+        finally:
+            self._finish(model, inputs + outputs)
+        return 0
+
+    @api("mdl.execute_async")
+    def execute_async(self, model_id: int, input: int, output: int, stream: int) -> int:
+        st = self._state
+        with st.lock:
+            s = st.require_stream(as_int(stream, "stream"))
+            model = self._model(model_id)
+            inputs, outputs = self._begin(model, input, output, s)
+
+        def task() -> None:
+            try:
+                self._run(model, inputs, outputs)
+            finally:
+                self._finish(model, inputs + outputs)
+
+        s.submit(task)
+        return 0
+
+
+def _dims(name: str, dims: tuple[int, ...]) -> dict[str, Any]:
+    return {"name": name, "dimCount": len(dims), "dims": list(dims)}
+
+
+def _bases(st: State, slots: Slots) -> list[int]:
+    return [st.memory.find(ptr, size)[0].base for ptr, size in slots]

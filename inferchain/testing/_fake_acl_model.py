@@ -1,0 +1,245 @@
+"""FakeAcl's `.om` models: an ONNX file run by ONNX Runtime, "compiled" the way ATC would.
+
+A compiled model has one fixed batch (static), batch gears (dynamic batch) or image-size gears
+(dynamic HW, static batch). Dynamic models get the extra `ascend_mbatch_shape_data` input
+(int64, [1] for batch, [2] for HW) last, and report -1 for the dims that follow the gear;
+buffer sizes are those of the largest gear.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from inferchain.testing._fake_acl_core import INVALID_FILE, Fail
+
+MBATCH_INPUT = "ascend_mbatch_shape_data"
+OM_MAGIC = b"FAKEOM1\n"
+ACL_INT64 = 9
+_TYPES: dict[str, tuple[int, type[np.generic]]] = {  # onnxruntime type -> aclDataType, numpy
+    "tensor(float)": (0, np.float32),
+    "tensor(float16)": (1, np.float16),
+    "tensor(int8)": (2, np.int8),
+    "tensor(int32)": (3, np.int32),
+    "tensor(uint8)": (4, np.uint8),
+    "tensor(int16)": (6, np.int16),
+    "tensor(uint16)": (7, np.uint16),
+    "tensor(uint32)": (8, np.uint32),
+    "tensor(int64)": (9, np.int64),
+    "tensor(uint64)": (10, np.uint64),
+    "tensor(double)": (11, np.float64),
+    "tensor(bool)": (12, np.bool_),
+}
+
+
+def _gears(values: Sequence[int]) -> tuple[int, ...]:
+    return tuple(sorted({int(v) for v in values}))
+
+
+def _hw_gears(values: Sequence[Sequence[int]]) -> tuple[tuple[int, int], ...]:
+    return tuple(sorted({(int(h), int(w)) for h, w in values}))
+
+
+@attrs.frozen
+class CompileOptions:
+    """How ATC "compiled" a model (see the FakeAcl docstring)."""
+
+    batch: int | None = None  # static batch (static and dynamic-HW models)
+    dynamic_batch: tuple[int, ...] = attrs.field(default=(), converter=_gears)
+    dynamic_hw: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_hw_gears)
+
+
+@attrs.frozen
+class Gear:
+    """One concrete configuration: rows per execution and, for dynamic HW, (height, width)."""
+
+    batch: int
+    hw: tuple[int, int] | None = None
+
+
+@attrs.frozen
+class IOSpec:
+    """One input or output as the model desc reports it."""
+
+    name: str
+    dims: tuple[int, ...]  # -1 where the dim follows the gear
+    acl_type: int  # aclDataType
+    dtype: np.dtype[Any]
+    size: int  # bytes at the largest gear
+    hw_axes: bool = False  # dims 2 and 3 are the dynamic H and W
+
+    def shape(self, gear: Gear) -> tuple[int, ...]:
+        dims = list(self.dims)
+        if dims and dims[0] == -1:
+            dims[0] = gear.batch
+        if self.hw_axes and gear.hw is not None:
+            dims[2], dims[3] = gear.hw
+        return tuple(dims)
+
+
+def read_om(path: Path) -> tuple[Path, CompileOptions] | None:
+    """The ONNX file and options a fake `.om` wrapper names; None when `path` is not one."""
+    with path.open("rb") as f:
+        if f.read(len(OM_MAGIC)) != OM_MAGIC:
+            return None
+        spec = json.loads(f.read().decode())
+    onnx = Path(spec["onnx"])
+    options = CompileOptions(
+        batch=spec.get("batch"),
+        dynamic_batch=spec.get("dynamic_batch", ()),
+        dynamic_hw=spec.get("dynamic_hw", ()),
+    )
+    return (onnx if onnx.is_absolute() else path.parent / onnx), options
+
+
+class CompiledModel:
+    """An ONNX model with its ATC-style desc; `execute` runs one gear on the CPU."""
+
+    def __init__(
+        self, session: Any, options: CompileOptions, static_batch: int, where: str
+    ) -> None:
+        self._session = session
+        self.where = where
+        if options.dynamic_batch and options.dynamic_hw:
+            raise Fail(INVALID_FILE, f"{where}: dynamic batch and dynamic HW are exclusive")
+        self.batch_gears = options.dynamic_batch
+        self.hw_gears = options.dynamic_hw
+        if any(b <= 0 for b in self.batch_gears) or any(min(g) <= 0 for g in self.hw_gears):
+            raise Fail(INVALID_FILE, f"{where}: gears must be positive")
+        self.static_batch = self._batch_of(options.batch, static_batch)
+        self._data_inputs = [self._input(a) for a in session.get_inputs()]
+        self.inputs = list(self._data_inputs)
+        if self.batch_gears or self.hw_gears:
+            n = 1 if self.batch_gears else 2
+            self.inputs.append(IOSpec(MBATCH_INPUT, (n,), ACL_INT64, np.dtype(np.int64), 8 * n))
+        self._shapes: dict[Gear, list[tuple[int, ...]]] = {}
+        self.outputs = self._describe_outputs()
+
+    # -- the desc -------------------------------------------------------------------------
+
+    def _batch_of(self, declared: int | None, default: int) -> int:
+        fixed = {d[0] for d in (a.shape for a in self._session.get_inputs()) if d}
+        fixed_ints = {d for d in fixed if isinstance(d, int) and d > 0}
+        if len(fixed_ints) > 1:
+            raise Fail(INVALID_FILE, f"{self.where}: inputs disagree on the batch: {fixed_ints}")
+        if fixed_ints:
+            onnx_batch = fixed_ints.pop()
+            if self.batch_gears or (declared is not None and declared != onnx_batch):
+                raise Fail(INVALID_FILE, f"{self.where}: the ONNX batch is fixed at {onnx_batch}")
+            return onnx_batch
+        return declared if declared is not None else default
+
+    def _input(self, arg: Any) -> IOSpec:
+        acl_type, dtype = _TYPES.get(arg.type, (-1, np.uint8))
+        if acl_type < 0:
+            raise Fail(INVALID_FILE, f"{self.where}: input {arg.name!r} has type {arg.type}")
+        dims = [d if isinstance(d, int) and d > 0 else -1 for d in arg.shape]
+        hw_axes = bool(self.hw_gears) and len(dims) == 4 and -1 in dims[2:]
+        if hw_axes:
+            dims[2] = dims[3] = -1
+        if dims:
+            dims[0] = -1 if self.batch_gears else self.static_batch
+        rest = dims[4:] if hw_axes else dims[1:]
+        if -1 in rest or (hw_axes and dims[1] == -1):
+            raise Fail(
+                INVALID_FILE,
+                f"{self.where}: input {arg.name!r} has dynamic dims {arg.shape} that no gear fixes",
+            )
+        spec = IOSpec(arg.name, tuple(dims), acl_type, np.dtype(dtype), 0, hw_axes)
+        size = max(math.prod(spec.shape(g)) for g in self.gears()) * spec.dtype.itemsize
+        return attrs.evolve(spec, size=size)
+
+    def gears(self) -> list[Gear]:
+        if self.batch_gears:
+            return [Gear(b) for b in self.batch_gears]
+        if self.hw_gears:
+            return [Gear(self.static_batch, hw) for hw in self.hw_gears]
+        return [Gear(self.static_batch)]
+
+    @property
+    def largest_gear(self) -> Gear:
+        return self.gears()[-1] if not self.hw_gears else max(self.gears(), key=self._area)
+
+    @staticmethod
+    def _area(gear: Gear) -> int:
+        return gear.hw[0] * gear.hw[1] if gear.hw else 0
+
+    def _describe_outputs(self) -> list[IOSpec]:
+        """Output specs from a probe run per gear (zeros in); dims that vary become -1."""
+        gears = self.gears()
+        shapes = {g: [o.shape for o in self._infer(self._zeros(g))] for g in gears}
+        self._shapes.update(shapes)
+        specs = []
+        for i, arg in enumerate(self._session.get_outputs()):
+            acl_type, dtype = _TYPES.get(arg.type, (-1, np.uint8))
+            if acl_type < 0:
+                raise Fail(INVALID_FILE, f"{self.where}: output {arg.name!r} has type {arg.type}")
+            per_gear = [shapes[g][i] for g in gears]
+            first = per_gear[0]
+            dims = tuple(-1 if any(s[k] != d for s in per_gear) else d for k, d in enumerate(first))
+            size = max(math.prod(s) for s in per_gear) * np.dtype(dtype).itemsize
+            name = f"{arg.name}_node:0:{arg.name}"  # ATC's "op:edge:name" for ONNX outputs
+            specs.append(IOSpec(name, dims, acl_type, np.dtype(dtype), size))
+        return specs
+
+    def output_shapes(self, gear: Gear) -> list[tuple[int, ...]]:
+        return self._shapes[gear]
+
+    def _zeros(self, gear: Gear) -> list[np.ndarray]:
+        return [np.zeros(s.shape(gear), s.dtype) for s in self._data_inputs]
+
+    # -- running --------------------------------------------------------------------------
+
+    def gear_from(self, mbatch: np.ndarray) -> Gear | None:
+        """The gear the `ascend_mbatch_shape_data` bytes select; None if not a gear."""
+        values = tuple(int(v) for v in mbatch.view(np.int64))
+        if self.batch_gears:
+            return Gear(values[0]) if values[0] in self.batch_gears else None
+        hw = (values[0], values[1])
+        return Gear(self.static_batch, hw) if hw in self.hw_gears else None
+
+    @property
+    def data_inputs(self) -> list[IOSpec]:
+        return self._data_inputs
+
+    def execute(self, gear: Gear, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run the model on `arrays` (the data inputs, shaped for `gear`)."""
+        return self._infer(arrays)
+
+    def _infer(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        feed = {s.name: a for s, a in zip(self._data_inputs, arrays, strict=True)}
+        outputs: list[np.ndarray] = self._session.run(None, feed)
+        return [np.ascontiguousarray(o) for o in outputs]
+
+
+def compile_model(
+    source: Path | bytes, options: CompileOptions | None, static_batch: int, where: str
+) -> CompiledModel:
+    """Read an ONNX file, ONNX bytes or a fake `.om` wrapper; 100003 when it is none of them."""
+    import onnxruntime as ort  # lazily: only tests that load a fake model need it
+
+    if isinstance(source, Path):
+        if not source.is_file():
+            raise Fail(INVALID_FILE, f"{where}: no such file")
+        wrapped = read_om(source)
+        if wrapped is not None:
+            source, file_options = wrapped
+            options = options or file_options
+    elif source.startswith(OM_MAGIC):
+        raise Fail(INVALID_FILE, f"{where}: load fake .om wrappers with load_from_file")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    try:
+        model = source if isinstance(source, bytes) else str(source)
+        session = ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise Fail(INVALID_FILE, f"{where}: not a model the fake can load: {e}") from None
+    return CompiledModel(session, options or CompileOptions(), static_batch, where)

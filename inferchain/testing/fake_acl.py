@@ -1,0 +1,345 @@
+"""A strict CPU stand-in for pyACL (`import acl`), so the acl backend is tested without an NPU.
+
+`FakeAcl()` is a module-like object with pyACL's attribute tree (`acl.rt`, `acl.mdl`,
+`acl.util`, top-level `init`, `finalize`, data-buffer calls, `get_recent_err_msg`) and
+pyACL's exact return shapes: bare `ret`, `(value, ret)`, `(dict, ret)`, `(dataset, ret)` from
+`add_dataset_buffer`, NULL (0) from calls without a code. Errors are return codes, never
+exceptions; wrong argument types raise TypeError, as pyACL's argument parsing does.
+`get_recent_err_msg()` gives the calling thread's last error message.
+
+Models. Wherever pyACL takes an `.om` path, the fake takes an ONNX file (or a fake `.om`
+written by `write_fake_om`, which names an ONNX file and its gears) and runs it with ONNX
+Runtime on the CPU (1 thread) on the stream's own thread. How it is "compiled" (as ATC would):
+
+- static: the ONNX batch dim if fixed, else `static_batch` (an int for every model, or a
+  mapping path -> batch; default 1). Dims report that batch.
+- dynamic batch: `FakeAcl(dynamic_batch={path: [1, 2, 4, 8]})`. Dims report -1 for the batch
+  and an extra last input `ascend_mbatch_shape_data` (int64, dims [1]) appears; buffers are
+  sized for the largest gear; `mdl.set_dynamic_batch_size` selects the gear.
+- dynamic image size: `FakeAcl(dynamic_hw={path: [(h, w), ...]})` for NCHW inputs whose H/W
+  are dynamic in the ONNX file; batch as for static models; dims report -1 for H and W;
+  `ascend_mbatch_shape_data` has dims [2]; `mdl.set_dynamic_hw_size` selects the gear and
+  `mdl.get_cur_output_dims` reports the gear's output dims.
+Output dims come from one probe run per gear at load. Output names read
+"<name>_node:0:<name>", ATC's "op:edge:name" form for ONNX outputs. A path key matches the
+path given to `load_from_file` after `os.path.realpath`.
+
+Devices and threads: `rt.set_device(d)` makes the device's implicit default context current
+on the calling thread if it has none; `rt.create_context(d)` (device set first, else 107001)
+makes the new context current; other threads must `rt.set_context`. Device memory is a
+simulated address space (pointers >= 2**48, never reused), filled with 0xFF (NaN as float)
+when allocated, as real memory is uninitialised.
+
+Rules enforced (code returned):
+- use before `init` or after `finalize`: 100001; `init` twice: 100002; `finalize` twice: 100037.
+- a thread without a current context (never set_device / create_context / set_context):
+  107002 on calls that need one (malloc, memcpy, streams, events, load, execute, unload ...).
+- a stream used from a thread whose current context is not the stream's: 107003.
+- a model used (execute, unload, set_dynamic_*) outside the context it was loaded in: 107004.
+- a model executing on two streams (or threads) at once: 107000.
+- `memcpy` with `count > dst_max`, a NULL pointer, or a negative size: 100000; a pointer on
+  the wrong side for the kind, or a device range outside a live allocation: 107000.
+- `malloc` of size <= 0 or an unknown policy: 100000; beyond `device_memory`: 207001.
+- unknown / already destroyed handles: 107000 for rt objects (context, stream, event, device
+  or host memory), 200005 for desc, dataset and data buffer, 100011 for a model_id.
+- still in use (the fake is stricter than the hardware here): destroying a stream with
+  pending tasks, a context with live streams/events/models, an event recorded and not yet
+  reached, freeing memory a pending task uses, unloading an executing model, or the last
+  `reset_device` of a device that still has contexts, streams, models or memory: 107000.
+- racing a pending task: `memcpy`, `memset` or `set_dynamic_*` on device memory that a task
+  still queued on a stream reads or writes (synchronize first): 107000.
+- execute with the wrong number or size of buffers: 100017 (inputs) / 100018 (outputs); a
+  gear that was never set in `ascend_mbatch_shape_data`: 145013 (batch) / 145021 (HW),
+  reported by `synchronize_stream`; `set_dynamic_*` with a value that is not a gear: 145013 /
+  145021, on a model without such gears: 100019; loading a file that is no model: 100003.
+Not modelled: the default stream (0 is refused with 107000), callbacks, AIPP, op execution.
+
+For tests: `live_handles()`, `call_count(name)`, `calls`, `errors`, `executions`,
+`inject(call, code, nth=None, p=None)` and `clear_injections()`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from inferchain.testing._fake_acl_core import (
+    INVALID_PARAM,
+    INVALID_RESOURCE_HANDLE,
+    REPEAT_FINALIZE,
+    REPEAT_INITIALIZE,
+    UNINITIALIZE,
+    DataBuffer,
+    Fail,
+    Injection,
+    Namespace,
+    State,
+    api,
+    as_int,
+    null,
+)
+from inferchain.testing._fake_acl_mdl import Execution, FakeMdl
+from inferchain.testing._fake_acl_memory import DeviceMemory, HostMemory, is_device_pointer
+from inferchain.testing._fake_acl_model import (
+    OM_MAGIC,
+    CompiledModel,
+    CompileOptions,
+    compile_model,
+)
+from inferchain.testing._fake_acl_rt import FakeRt, Stream
+
+__all__ = ["Execution", "FakeAcl", "FakeAclCrash", "write_fake_om"]
+
+PathKey = str | os.PathLike[str]
+
+
+class FakeAclCrash(RuntimeError):
+    """What would crash the process on real hardware (e.g. reading a device pointer on the host)."""
+
+
+def write_fake_om(
+    path: PathKey,
+    onnx: PathKey,
+    *,
+    batch: int | None = None,
+    dynamic_batch: Sequence[int] = (),
+    dynamic_hw: Sequence[tuple[int, int]] = (),
+) -> Path:
+    """Write a fake `.om` file: a small header naming `onnx` (relative to `path`'s folder or
+    absolute) and how it is compiled. Only FakeAcl can load it."""
+    spec = {
+        "onnx": os.fspath(onnx),
+        "batch": batch,
+        "dynamic_batch": list(dynamic_batch),
+        "dynamic_hw": [list(hw) for hw in dynamic_hw],
+    }
+    out = Path(path)
+    out.write_bytes(OM_MAGIC + json.dumps(spec).encode())
+    return out
+
+
+def _stop_streams(streams: dict[int, Stream]) -> None:
+    for stream in list(streams.values()):
+        stream.stop()
+
+
+def _key(path: PathKey) -> str:
+    return os.path.realpath(os.fspath(path))
+
+
+class FakeUtil(Namespace):
+    """`acl.util`: host pointers to and from Python objects."""
+
+    @api("util.bytes_to_ptr")
+    def bytes_to_ptr(self, data: bytes) -> int:
+        if not isinstance(data, bytes):
+            raise TypeError(f"bytes_to_ptr needs bytes, got {type(data).__name__}")
+        address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        return address or 0
+
+    @api("util.ptr_to_bytes")
+    def ptr_to_bytes(self, ptr: int, size: int) -> bytes:
+        address, n = as_int(ptr, "ptr"), as_int(size, "size")
+        if address == 0 or is_device_pointer(address):
+            raise FakeAclCrash(
+                f"ptr_to_bytes({address:#x}): not host memory (a segfault on hardware)"
+            )
+        return ctypes.string_at(address, n)
+
+    @api("util.numpy_to_ptr")
+    def numpy_to_ptr(self, array: np.ndarray) -> int:
+        return int(array.ctypes.data)
+
+
+class FakeAcl(Namespace):
+    """A fake `acl` module; one instance is one process's view of the runtime.
+
+    Options: `dynamic_batch` / `dynamic_hw` map model paths to gears; `static_batch` is the
+    batch of static models whose ONNX batch dim is dynamic (int, or mapping path -> int);
+    `device_count` devices of `device_memory` bytes each; `seed` drives `inject(p=...)`.
+    """
+
+    def __init__(
+        self,
+        *,
+        dynamic_batch: Mapping[PathKey, Sequence[int]] | None = None,
+        dynamic_hw: Mapping[PathKey, Sequence[tuple[int, int]]] | None = None,
+        static_batch: int | Mapping[PathKey, int] = 1,
+        device_count: int = 1,
+        device_memory: int = 4 << 30,
+        seed: int = 0,
+    ) -> None:
+        state = State(seed=seed, device_count=device_count)
+        state.memory = DeviceMemory(device_count, device_memory)
+        state.host = HostMemory()
+        super().__init__(state)
+        self._options: dict[str, CompileOptions] = {}
+        for path, gears in (dynamic_batch or {}).items():
+            self._options[_key(path)] = CompileOptions(dynamic_batch=tuple(gears))
+        for path, hws in (dynamic_hw or {}).items():
+            self._options[_key(path)] = CompileOptions(dynamic_hw=tuple(hws))
+        if isinstance(static_batch, int):
+            self._default_batch, self._batches = static_batch, {}
+        else:
+            self._default_batch = 1
+            self._batches = {_key(p): b for p, b in static_batch.items()}
+        self._compiled: dict[str, CompiledModel] = {}  # one ONNX session per model file
+        self.rt = FakeRt(state)
+        self.mdl = FakeMdl(state, self._compile)
+        self.util = FakeUtil(state)
+        weakref.finalize(self, _stop_streams, state.streams)  # leaked streams' threads
+
+    def _compile(self, source: Path | bytes, where: str) -> CompiledModel:
+        if isinstance(source, bytes):
+            return compile_model(source, None, self._default_batch, where)
+        key = _key(source)
+        if key not in self._compiled:
+            options = self._options.get(key)
+            batch = self._batches.get(key, self._default_batch)
+            if options is not None and options.batch is None and key in self._batches:
+                options = CompileOptions(batch, options.dynamic_batch, options.dynamic_hw)
+            self._compiled[key] = compile_model(source, options, batch, where)
+        return self._compiled[key]
+
+    # -- the top-level pyACL calls --------------------------------------------------------
+
+    @api("init")
+    def init(self, config_path: str | None = None) -> int:
+        st = self._state
+        with st.lock:
+            if st.initialized:
+                raise Fail(REPEAT_INITIALIZE, "acl.init() was already called in this process")
+            st.initialized = True
+        return 0
+
+    @api("finalize")
+    def finalize(self) -> int:
+        st = self._state
+        with st.lock:
+            if not st.initialized:
+                if st.was_finalized:
+                    raise Fail(REPEAT_FINALIZE, "acl.finalize() was already called")
+                raise Fail(UNINITIALIZE, "acl.finalize() before acl.init()")
+            st.initialized = False
+            st.was_finalized = True
+        _stop_streams(st.streams)  # leaked streams stay in the ledger; their threads stop
+        return 0
+
+    @api("create_data_buffer", null)
+    def create_data_buffer(self, data: int, size: int) -> int:
+        st = self._state
+        ptr, nbytes = as_int(data, "data"), as_int(size, "size")
+        if nbytes < 0 or (ptr == 0 and nbytes > 0):
+            raise Fail(INVALID_PARAM, f"create_data_buffer({ptr:#x}, {nbytes})")
+        with st.lock:
+            buf = DataBuffer(st.new_handle(), ptr, nbytes)
+            st.buffers[buf.handle] = buf
+        return buf.handle
+
+    def _data_buffer(self, data_buffer: object) -> DataBuffer:
+        handle = as_int(data_buffer, "data_buffer")
+        found = self._state.buffers.get(handle)
+        if found is None:
+            raise Fail(INVALID_RESOURCE_HANDLE, f"unknown data buffer {handle:#x}")
+        return found
+
+    @api("destroy_data_buffer")
+    def destroy_data_buffer(self, data_buffer: int) -> int:
+        with self._state.lock:
+            del self._state.buffers[self._data_buffer(data_buffer).handle]
+        return 0
+
+    @api("get_data_buffer_addr", null)
+    def get_data_buffer_addr(self, data_buffer: int) -> int:
+        return self._data_buffer(data_buffer).ptr
+
+    @api("get_data_buffer_size", null)
+    def get_data_buffer_size(self, data_buffer: int) -> int:
+        return self._data_buffer(data_buffer).size
+
+    @api("get_data_buffer_size_v2", null)
+    def get_data_buffer_size_v2(self, data_buffer: int) -> int:
+        return self._data_buffer(data_buffer).size
+
+    @api("get_recent_err_msg")
+    def get_recent_err_msg(self) -> str:
+        return self._state.recent_error
+
+    # -- for tests ------------------------------------------------------------------------
+
+    @property
+    def initialized(self) -> bool:
+        return self._state.initialized
+
+    def live_handles(self) -> dict[str, int]:
+        """Live objects per kind; all zero after a clean tear-down and `finalize`.
+
+        `devices` counts outstanding `set_device` references; `device_memory` and
+        `host_memory` count live allocations.
+        """
+        st = self._state
+        with st.lock:
+            return {
+                "contexts": len(st.contexts),
+                "streams": len(st.streams),
+                "events": len(st.events),
+                "models": len(st.models),
+                "descs": len(st.descs),
+                "datasets": len(st.datasets),
+                "data_buffers": len(st.buffers),
+                "device_memory": len(st.memory),
+                "host_memory": len(st.host),
+                "devices": sum(st.device_refs.values()),
+            }
+
+    def device_bytes_in_use(self, device: int = 0) -> int:
+        with self._state.lock:
+            return self._state.memory.bytes_in_use(device)
+
+    def call_count(self, name: str) -> int:
+        """How many times `name` (e.g. "rt.malloc", "mdl.execute_async", "init") was called."""
+        with self._state.lock:
+            return self._state.counts[name]
+
+    @property
+    def calls(self) -> list[str]:
+        """Every call so far, in order (a copy)."""
+        with self._state.lock:
+            return list(self._state.calls)
+
+    @property
+    def errors(self) -> list[tuple[str, int]]:
+        """Every call that failed, as (name, code), in order (a copy)."""
+        with self._state.lock:
+            return list(self._state.errors)
+
+    @property
+    def executions(self) -> list[Execution]:
+        """Every finished model execution (model_id, batch, hw), in order (a copy)."""
+        with self._state.lock:
+            return list(self._state.executions)
+
+    def inject(self, call: str, code: int, nth: int | None = None, p: float | None = None) -> None:
+        """Make `call` fail with `code` (it then has no effect).
+
+        `nth`: once, on the nth call counted from now (1-based). `p`: on each call with
+        probability p (seeded). Neither: on every call, until `clear_injections()`.
+        """
+        if nth is not None and nth < 1:
+            raise ValueError(f"nth is 1-based, got {nth}")
+        if p is not None and not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be in [0, 1], got {p}")
+        if code == 0:
+            raise ValueError("inject a non-zero error code")
+        with self._state.lock:
+            self._state.injections.append(Injection(call, code, nth, p))
+
+    def clear_injections(self) -> None:
+        with self._state.lock:
+            self._state.injections.clear()
