@@ -226,12 +226,13 @@ class ModelWorker:
         else:
             requests[0].try_transition(done, outputs=dict(zip(names, outputs, strict=True)))
         self._metrics.record_batch(requests, ok=True, timing=timing)
-        log.debug(
-            "batch_done",
-            worker=self.name,
-            size=len(requests),
-            run_ms=round((timing.run_end - timing.run_start) * 1e3, 3),
-        )
+        if structlog.is_configured():  # per-batch lines only where the application asked
+            log.debug(
+                "batch_done",
+                worker=self.name,
+                size=len(requests),
+                run_ms=round((timing.run_end - timing.run_start) * 1e3, 3),
+            )
 
     def _fail(self, requests: Sequence[Request], error: Exception, timing: BatchTiming) -> None:
         if not isinstance(error, InferchainError):

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 
 from inferchain.config import Recipe
 from inferchain.testing.models import write_mlp, write_mlp64
+
+# The application configures logging, not the library: tests log warnings and up to stderr.
+structlog.configure(
+    wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+)
 
 settings.register_profile(
     "ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
