@@ -134,6 +134,15 @@ class ShapesConfig(_Schema):
 
 
 @attrs.frozen
+class HealthConfig(_Schema):
+    """When a worker counts as unhealthy, and what its model's requests do meanwhile."""
+
+    KEYS: ClassVar[Mapping[str, object]] = {"max_failures": int, "while_unhealthy": str}
+    max_failures: int = attrs.field(default=3, validator=_positive)  # failed batches in a row
+    while_unhealthy: str = attrs.field(default="wait", validator=_one_of("wait", "fail"))
+
+
+@attrs.frozen
 class SchedulerConfig(_Schema):
     """The Scheduler's knobs; times in milliseconds or seconds as named."""
 
@@ -166,6 +175,8 @@ class ModelConfig(_Schema):
         "memory_budget_mb": (float, None),
         "timeout_s": (float, None),
         "session_options": (SessionOptions, None),
+        "health": HealthConfig,
+        "nonfinite": str,
         "params": dict,
     }
     name: str
@@ -180,6 +191,8 @@ class ModelConfig(_Schema):
     memory_budget_mb: float | None = attrs.field(default=None, validator=_positive)
     timeout_s: float | None = attrs.field(default=None, validator=_positive)  # default deadline
     session_options: SessionOptions | None = None  # overrides the recipe's
+    health: HealthConfig = attrs.field(factory=HealthConfig)
+    nonfinite: str = attrs.field(default="allow", validator=_one_of("allow", "reject"))  # NaN/inf
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
 
     @property

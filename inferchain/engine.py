@@ -14,6 +14,7 @@ from typing import Protocol
 import attrs
 
 from inferchain.config import ModelConfig
+from inferchain.errors import BackendError
 from inferchain.request import Request, RequestState
 
 
@@ -35,6 +36,8 @@ class BatchSink(Protocol):
     """A ModelWorker as the engine sees it."""
 
     busy: bool  # set by the engine when it dispatches, cleared by the worker when done
+    healthy: bool  # False while the worker re-initialises, or for good once it died
+    dead: bool  # the worker will never take a batch again
 
     def dispatch(self, batch: Batch) -> None: ...
 
@@ -46,6 +49,7 @@ class ModelBatcher:
         self.name = model.name
         self.max_rows = model.batch_rows
         self.delay = model.max_queue_delay_ms / 1000.0  # seconds
+        self.fail_fast = model.health.while_unhealthy == "fail"
         self.workers = workers
         self.groups: dict[tuple[tuple[int, ...], ...], deque[Request]] = {}
         self.num_ready = 0
@@ -62,10 +66,16 @@ class ModelBatcher:
     def step(self, now: float) -> float:
         """Dispatch what is due to idle workers; returns when a window next expires."""
         next_due = float("inf")
-        idle = [w for w in self.workers if not w.busy]
-        if not idle or not self.num_ready:
+        if not self.num_ready:
             return next_due
-        all_idle = len(idle) == len(self.workers)
+        healthy = [w for w in self.workers if w.healthy]
+        if not healthy and (self.fail_fast or all(w.dead for w in self.workers)):
+            self._fail_all()
+            return next_due
+        idle = [w for w in healthy if not w.busy]
+        if not idle:
+            return next_due
+        all_idle = len(idle) == len(healthy)
         while idle and self.groups:
             key, due_at = self._pick(now, all_idle)
             if key is None:
@@ -96,6 +106,16 @@ class ModelBatcher:
             elif not due:
                 oldest_due = min(oldest_due, head + self.delay)
         return best_key, oldest_due
+
+    def _fail_all(self) -> None:
+        """No worker can take a batch: fail every READY request at once."""
+        state = "dead" if all(w.dead for w in self.workers) else "unhealthy"
+        error = BackendError(f"every worker of model {self.name!r} is {state}")
+        for group in self.groups.values():
+            for request in group:
+                request.try_transition(RequestState.ERROR, error=error)
+        self.groups.clear()
+        self.num_ready = 0
 
     def _take(self, key: tuple[tuple[int, ...], ...]) -> Batch | None:
         group = self.groups[key]

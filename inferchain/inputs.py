@@ -23,8 +23,15 @@ class InputSpec:
     another dtype are cast only when numpy calls the cast safe (e.g. uint8 -> float32).
     """
 
-    def __init__(self, model: str, inputs: Sequence[TensorDesc], batching: bool) -> None:
+    def __init__(
+        self,
+        model: str,
+        inputs: Sequence[TensorDesc],
+        batching: bool,
+        reject_nonfinite: bool = False,
+    ) -> None:
         self.model = model
+        self.reject_nonfinite = reject_nonfinite  # NaN / inf in a float input -> InvalidInput
         self.names = tuple(t.name for t in inputs)
         self.dtypes = tuple(t.dtype for t in inputs)
         self.shapes = tuple(t.item_shape() if batching else t.shape for t in inputs)
@@ -68,6 +75,16 @@ class InputSpec:
         return [inputs[n] for n in self.names]
 
     def _check(self, i: int, value: Any) -> np.ndarray:
+        array = self._check_layout(i, value)
+        if self.reject_nonfinite and array.dtype.kind in "fc" and not np.isfinite(array).all():
+            bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+            raise InvalidInput(
+                f"model {self.model!r} input {self.names[i]!r}: {bad} NaN or infinite values "
+                "(the model's nonfinite policy is reject)"
+            )
+        return array
+
+    def _check_layout(self, i: int, value: Any) -> np.ndarray:
         exact = self._exact[i]
         if (
             exact is not None

@@ -1,4 +1,11 @@
-"""Counters and latency percentiles per model, recorded once per batch by the workers."""
+"""Counters and latency percentiles per model, recorded once per batch by the workers.
+
+Stages, in milliseconds per request: `queue` (submit -> READY), `batch_wait` (READY ->
+RUNNING), `execute` (RUNNING -> finished, on the worker), and within `execute`: `run` (the
+backend's `Session.run`) and whatever split the backend reports in `Session.last_stages`
+(e.g. `h2d`, `compute`, `d2h`). Where a pipeline's steps are timed (`record_item`), `pre`
+(item -> first request) and `post` (outputs -> result) are per item.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,9 @@ import numpy as np
 
 from inferchain.request import Request, RequestState
 
-STAGES = ("queue", "batch_wait", "execute", "end_to_end")
+STAGES = ("queue", "batch_wait", "execute", "end_to_end")  # always recorded, per request
+RUN = "run"  # Session.run per batch, counted once per request of the batch
+PIPELINE_STAGES = ("pre", "post")  # per item, where a pipeline's steps are timed
 _CAPACITY = 1 << 16  # latest samples kept per stage and model
 _TIMELINE = 100_000  # latest batches kept for traces and plots
 
@@ -95,14 +104,18 @@ class Stats:
     requests: int
     errors: int
     latency_ms: Percentiles
-    stages: Mapping[str, Percentiles]
+    stages: Mapping[str, Percentiles]  # queue, batch_wait, execute, then those recorded
     models: Mapping[str, ModelStats]
+    batches: int = 0  # all models
+    span_s: float = 0.0  # first submit -> last completion, seconds
 
     def to_dict(self) -> dict[str, object]:
         return {
             "throughput": self.throughput,
             "requests": self.requests,
             "errors": self.errors,
+            "batches": self.batches,
+            "span_s": self.span_s,
             "latency_ms": self.latency_ms.to_dict(),
             "stages": {k: v.to_dict() for k, v in self.stages.items()},
             "models": {k: v.to_dict() for k, v in self.models.items()},
@@ -132,6 +145,22 @@ class _Ring:
         return self.data[: min(self.n, _CAPACITY)].copy()
 
 
+class _Rings:
+    """Rings by stage name, made on first use (in first-use order); callers hold a lock."""
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        self.rings = {name: _Ring() for name in names}
+
+    def extend(self, name: str, values: np.ndarray) -> None:
+        ring = self.rings.get(name)
+        if ring is None:
+            ring = self.rings[name] = _Ring()
+        ring.extend(values)
+
+    def values(self) -> dict[str, np.ndarray]:
+        return {name: ring.values() for name, ring in self.rings.items()}
+
+
 class ModelMetrics:
     """Recorder for one model; `record_batch` is called by its workers."""
 
@@ -143,7 +172,7 @@ class ModelMetrics:
         self.batch_sizes: Counter[int] = Counter()
         self.first_submit: float | None = None
         self.last_done: float | None = None
-        self._rings = {stage: _Ring() for stage in STAGES}
+        self._rings = _Rings(STAGES)
         self.timeline: deque[BatchTiming] = deque(maxlen=_TIMELINE)
 
     def record_batch(
@@ -162,22 +191,36 @@ class ModelMetrics:
                 self.requests += n
             else:
                 self.errors += n
-            if timing is not None:
-                self.timeline.append(timing)
             first = float(submit.min())
             self.first_submit = (
                 first if self.first_submit is None else min(self.first_submit, first)
             )
             self.last_done = float(end.max())
-            self._rings["queue"].extend(ready - submit)
-            self._rings["batch_wait"].extend(running - ready)
-            self._rings["execute"].extend(end - running)
+            rings = self._rings
+            rings.extend("queue", ready - submit)
+            rings.extend("batch_wait", running - ready)
+            rings.extend("execute", end - running)
             if ok:
-                self._rings["end_to_end"].extend(end - submit)
+                rings.extend("end_to_end", end - submit)
+            if timing is not None:
+                self.timeline.append(timing)
+                if ok:
+                    self._record_split(timing, n)
+
+    def _record_split(self, timing: BatchTiming, n: int) -> None:
+        """`run` and the backend's stages of one batch, once per request (lock held)."""
+        self._rings.extend(RUN, np.full(n, timing.run_end - timing.run_start))
+        for stage, seconds in timing.stages.items():
+            self._rings.extend(stage, np.full(n, seconds))
+
+    def samples(self) -> dict[str, np.ndarray]:
+        """Seconds per stage (`end_to_end` included), the latest samples of each."""
+        with self._lock:
+            return self._rings.values()
 
     def snapshot(self) -> tuple[ModelStats, dict[str, np.ndarray]]:
         with self._lock:
-            samples = {stage: ring.values() for stage, ring in self._rings.items()}
+            samples = self._rings.values()
             span = (self.last_done or 0.0) - (self.first_submit or 0.0)
             stats = ModelStats(
                 name=self.name,
@@ -187,38 +230,75 @@ class ModelMetrics:
                 batch_sizes=dict(self.batch_sizes),
                 throughput=self.requests / span if span > 0 else 0.0,
                 latency_ms=Percentiles.of(samples["end_to_end"]),
-                stages={s: Percentiles.of(samples[s]) for s in STAGES[:-1]},
+                stages=_stage_percentiles(samples),
             )
         return stats, samples
 
 
+def _stage_percentiles(samples: Mapping[str, np.ndarray]) -> dict[str, Percentiles]:
+    """The fixed stages, then every other recorded one that has samples."""
+    fixed = STAGES[:-1]
+    stages = {s: Percentiles.of(samples.get(s, np.empty(0))) for s in fixed}
+    for name, values in samples.items():
+        if name not in STAGES and values.size:
+            stages[name] = Percentiles.of(values)
+    return stages
+
+
 class Metrics:
-    """All models' recorders."""
+    """All models' recorders, and the per-item timings of pipeline steps."""
 
     def __init__(self, models: Iterable[str]) -> None:
         self.models = {name: ModelMetrics(name) for name in models}
         self.created = time.perf_counter()
+        self._lock = threading.Lock()
+        self._items = _Rings()  # pipeline stages, per item
+
+    def record_item(self, stages: Mapping[str, float]) -> None:
+        """Seconds one pipeline item spent in each of its own stages (e.g. `pre`, `post`)."""
+        with self._lock:
+            for stage, seconds in stages.items():
+                self._items.extend(stage, np.array([seconds]))
+
+    def samples(self, stage: str = "end_to_end") -> np.ndarray:
+        """Seconds of `stage` over all models (or pipeline items), latest samples."""
+        if stage in PIPELINE_STAGES:
+            with self._lock:
+                return self._items.values().get(stage, np.empty(0))
+        found = [m.samples().get(stage) for m in self.models.values()]
+        arrays = [a for a in found if a is not None]
+        return np.concatenate(arrays) if arrays else np.empty(0)
+
+    def timeline(self) -> list[BatchTiming]:
+        """Every model's recorded batches, by the time a worker picked them up."""
+        batches = [b for m in self.models.values() for b in list(m.timeline)]
+        return sorted(batches, key=lambda b: b.picked)
 
     def stats(self) -> Stats:
         per_model: dict[str, ModelStats] = {}
-        pooled: dict[str, list[np.ndarray]] = {s: [] for s in STAGES}
+        pooled: dict[str, list[np.ndarray]] = {}
         firsts, lasts = [], []
         for name, recorder in self.models.items():
             stats, samples = recorder.snapshot()
             per_model[name] = stats
             for stage, values in samples.items():
-                pooled[stage].append(values)
+                pooled.setdefault(stage, []).append(values)
             if recorder.first_submit is not None and recorder.last_done is not None:
                 firsts.append(recorder.first_submit)
                 lasts.append(recorder.last_done)
+        with self._lock:
+            for stage, values in self._items.values().items():
+                pooled.setdefault(stage, []).append(values)
         requests = sum(s.requests for s in per_model.values())
         span = max(lasts) - min(firsts) if firsts else 0.0
-        merged = {s: np.concatenate(v) if v else np.empty(0) for s, v in pooled.items()}
+        merged = {s: np.concatenate(v) for s, v in pooled.items()}
         return Stats(
             throughput=requests / span if span > 0 else 0.0,
             requests=requests,
             errors=sum(s.errors for s in per_model.values()),
-            latency_ms=Percentiles.of(merged["end_to_end"]),
-            stages={s: Percentiles.of(merged[s]) for s in STAGES[:-1]},
+            latency_ms=Percentiles.of(merged.get("end_to_end", np.empty(0))),
+            stages=_stage_percentiles(merged),
             models=per_model,
+            batches=sum(s.batches for s in per_model.values()),
+            span_s=span,
         )

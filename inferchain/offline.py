@@ -121,7 +121,10 @@ class OfflineInference:
             sessions = [w.wait_ready() for w in self._workers[model.name]]
             session = sessions[0]
             self._specs[model.name] = InputSpec(
-                model.name, session.inputs, batching=model.max_batch_size > 0
+                model.name,
+                session.inputs,
+                batching=model.max_batch_size > 0,
+                reject_nonfinite=model.nonfinite == "reject",
             )
             memory = plan(model, session.inputs, session.outputs)
             memory.check()

@@ -48,6 +48,9 @@ class ModelWorker:
         self.model = model
         self.name = f"{model.name}#{index}"
         self.busy = False  # set by the engine on dispatch, cleared here when the run returns
+        self.healthy = True  # False while re-initialising after failures, or once dead
+        self.dead = False  # the thread ended or the model could not be reloaded
+        self.consecutive_failures = 0
         self.session: Session | None = None
         self._backend = backend
         self._device = device
@@ -114,8 +117,25 @@ class ModelWorker:
         try:
             while (batch := self._queue.get()) is not None:
                 self._execute(batch)
+        except BaseException as e:  # the thread is dying: nothing queued may be stranded
+            self._die(e)
         finally:
             self._release()
+
+    def _die(self, error: BaseException) -> None:
+        self.dead = True
+        self.healthy = False
+        log.error("worker_died", worker=self.name, error=type(error).__name__, detail=str(error))
+        self._on_idle()
+        cause = BackendError(f"{self.name} died: {type(error).__name__}: {error}")
+        while True:
+            try:
+                batch = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if batch is not None:
+                self._fail(batch.requests, cause, None)
+                self._batch_finished()
 
     def _init(self) -> None:
         session = self._backend.load(self.model, self._device)
@@ -161,21 +181,48 @@ class ModelWorker:
         self._run_start = self._run_end = picked
         try:
             outputs = self._run(batch)
-        except Exception as e:
+        except BaseException as e:
+            self.consecutive_failures += 1
+            unhealthy = self.consecutive_failures >= self.model.health.max_failures
+            if unhealthy or not isinstance(e, Exception):
+                self.healthy = False  # before the engine hears we are idle
             self._finish_idle()
             self._fail(requests, e, self._timing(batch, picked, ok=False))
+            if not isinstance(e, Exception):
+                raise  # the thread dies; _main fails whatever is still queued
+            if unhealthy:
+                self._recover()
         else:
+            self.consecutive_failures = 0
             self._finish_idle()
             self._deliver(requests, outputs, self._timing(batch, picked, ok=True))
         finally:
-            with self._idle:
-                self._num_pending -= 1
-                if self._num_pending == 0:
-                    self._idle.notify_all()
+            self._batch_finished()
+
+    def _batch_finished(self) -> None:
+        with self._idle:
+            self._num_pending -= 1
+            if self._num_pending == 0:
+                self._idle.notify_all()
+
+    def _recover(self) -> None:
+        """Re-initialise the session after `max_failures` failed batches in a row."""
+        log.warning("worker_unhealthy", worker=self.name, failures=self.consecutive_failures)
+        self._release()
+        try:
+            self._init()
+        except Exception as e:
+            self._die(e)
+            return
+        self.consecutive_failures = 0
+        self.healthy = True
+        log.info("worker_recovered", worker=self.name)
+        self._on_idle()
 
     def _run(self, batch: Batch) -> Sequence[np.ndarray]:
         session = self.session
-        assert session is not None
+        if session is None:
+            raise BackendError(f"{self.name} has no loaded model (it failed to re-initialise)")
         requests = batch.requests
         n = len(requests)
         if not self._batching:
@@ -234,7 +281,9 @@ class ModelWorker:
                 run_ms=round((timing.run_end - timing.run_start) * 1e3, 3),
             )
 
-    def _fail(self, requests: Sequence[Request], error: Exception, timing: BatchTiming) -> None:
+    def _fail(
+        self, requests: Sequence[Request], error: BaseException, timing: BatchTiming | None
+    ) -> None:
         if not isinstance(error, InferchainError):
             error = BackendError(f"{self.name}: {type(error).__name__}: {error}")
         log.error(

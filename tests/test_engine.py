@@ -14,6 +14,8 @@ S = RequestState
 class Sink:
     def __init__(self) -> None:
         self.busy = False
+        self.healthy = True
+        self.dead = False
         self.batches: list[Batch] = []
 
     def dispatch(self, batch: Batch) -> None:

@@ -12,6 +12,7 @@ import bisect
 import importlib
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -379,7 +380,11 @@ class AclSession(Session):
     # -- run ------------------------------------------------------------------------------
 
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        """Copy in `batch_size` rows, execute, copy out; returns views of reused buffers."""
+        """Copy in `batch_size` rows, execute, copy out; returns views of reused buffers.
+
+        Sets `last_stages` to the seconds of the H2D copies, execute_async + synchronize, and
+        the D2H copies of this run.
+        """
         if threading.get_ident() != self._owner:
             raise BackendError(
                 f"{self._model.name}: AclSession.run called from thread "
@@ -407,7 +412,10 @@ class AclSession(Session):
                 for a, s in zip(inputs, self._data_slots, strict=True)
             ]
             self._select_gear(arrays, rows)
+            self.last_stages = None
+            started = time.perf_counter()
             self._copy_in(arrays, rows)
+            copied = time.perf_counter()
             self._call(
                 acl.mdl.execute_async(
                     self._model_id, self._in_dataset, self._out_dataset, self._stream
@@ -415,7 +423,14 @@ class AclSession(Session):
                 "mdl.execute_async",
             )
             self._call(acl.rt.synchronize_stream(self._stream), "rt.synchronize_stream")
-            return self._copy_out(rows)
+            computed = time.perf_counter()
+            outputs = self._copy_out(rows)
+            self.last_stages = {
+                "h2d": copied - started,
+                "compute": computed - copied,
+                "d2h": time.perf_counter() - computed,
+            }
+            return outputs
 
     def _make_current(self) -> int:
         """Make the session's context current on this thread if it is not (another session

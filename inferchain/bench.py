@@ -1,0 +1,259 @@
+"""Benchmarks without writing code: drive a recipe's models and report what `oi.stats()` keeps.
+
+Two sources of work:
+- synthetic (default): per model, random items made from `oi.model_info(name)`: floats
+  uniform in [0, 1), integers uniform in [0, min(dtype max, 255)], booleans at random; a
+  dynamic dim other than the batch dim gets `DYNAMIC_DIM` (32). Each model gets `requests`
+  items, all models at once (one feeder thread per model), at most twice the model's slots in
+  flight.
+- pipeline: the recipe's own inputs through its pipeline, `requests` items (the inputs
+  repeated as needed); the pipeline's own steps are timed as the `pre` and `post` stages.
+
+The figures are the OfflineInference's since `init()`; `run_bench` uses a fresh one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+
+from inferchain.config import Recipe
+from inferchain.errors import ConfigError
+from inferchain.metrics import BatchTiming, Stats
+from inferchain.offline import OfflineInference
+from inferchain.pipeline import Pipeline, PipelineDriver, Process, Step
+from inferchain.request import Request
+from inferchain.tensors import ModelInfo, TensorDesc
+
+DYNAMIC_DIM = 32  # synthetic size of a dynamic dim (not the batch dim)
+POOL = 64  # distinct synthetic items per model, cycled through
+Source = Literal["synthetic", "pipeline"]
+OnDone = Callable[[int], None]  # called with how many more requests (or items) finished
+
+
+@attrs.frozen(eq=False)
+class BenchReport:
+    """One benchmark run: what was driven, and the figures."""
+
+    recipe: str
+    backend: str
+    source: Source
+    requested: int  # requests per model (synthetic) or items (pipeline)
+    wall_s: float  # first submit -> last result, as the driver saw it
+    inputs: dict[str, dict[str, list[int]]]  # synthetic item shape per model and input
+    workers: tuple[str, ...]  # every worker, "model#i", idle or not
+    stats: Stats
+    timeline: tuple[BatchTiming, ...]  # every batch, by the time a worker took it
+    latencies_s: np.ndarray  # end to end per request (seconds), for plots
+
+    def to_dict(self) -> dict[str, object]:
+        """`Stats.to_dict()` plus a `bench` section saying what ran."""
+        return {
+            **self.stats.to_dict(),
+            "bench": {
+                "recipe": self.recipe,
+                "backend": self.backend,
+                "source": self.source,
+                "requested": self.requested,
+                "wall_s": self.wall_s,
+                "inputs": self.inputs,
+                "workers": list(self.workers),
+            },
+        }
+
+
+# -- synthetic inputs ----------------------------------------------------------------------
+
+
+def synthetic_shape(desc: TensorDesc, batching: bool, dynamic_dim: int = DYNAMIC_DIM) -> tuple[int, ...]:
+    """One item's shape: the model's, without the batch dim when batching; dynamic dims filled
+    (a non-batching model's dynamic leading dim gets 1)."""
+    if batching:
+        dims = list(desc.item_shape())
+    else:
+        dims = list(desc.shape)
+        if dims and dims[0] is None:
+            dims[0] = 1
+    return tuple(dynamic_dim if d is None else d for d in dims)
+
+
+def random_array(shape: tuple[int, ...], dtype: np.dtype[Any], rng: np.random.Generator) -> np.ndarray:
+    """Random values of `dtype` (see the module docstring for the ranges)."""
+    if dtype.kind == "f":
+        return rng.random(shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(dtype)
+    if dtype.kind in "iu":
+        high = min(int(np.iinfo(dtype).max), 255)
+        return rng.integers(0, high, shape, dtype=dtype, endpoint=True)
+    return np.zeros(shape, dtype)
+
+
+def synthetic_items(
+    info: ModelInfo, count: int = POOL, *, dynamic_dim: int = DYNAMIC_DIM, seed: int = 0
+) -> list[tuple[np.ndarray, ...]]:
+    """`count` distinct random items for the model described by `info`."""
+    rng = np.random.default_rng(seed)
+    batching = info.max_batch_size > 0
+    shapes = [synthetic_shape(t, batching, dynamic_dim) for t in info.inputs]
+    return [
+        tuple(random_array(s, t.dtype, rng) for s, t in zip(shapes, info.inputs, strict=True))
+        for _ in range(count)
+    ]
+
+
+# -- drivers -------------------------------------------------------------------------------
+
+
+def drive(
+    oi: OfflineInference,
+    model: str,
+    items: Sequence[Any],
+    requests: int,
+    on_done: OnDone | None = None,
+) -> None:
+    """Submit `requests` items to `model`, cycling through `items`, with at most twice the
+    model's slots in flight; returns when all are finished (failures are counted in stats)."""
+    window = 2 * oi.recipe.model(model).num_slots
+    chunk = max(1, window // 2)
+    pending: deque[Request] = deque()
+    sent = 0
+    while sent < requests or pending:
+        if sent < requests and len(pending) <= window - chunk:
+            k = min(chunk, requests - sent)
+            pending.extend(oi.submit_many(model, [items[(sent + i) % len(items)] for i in range(k)]))
+            sent += k
+            continue
+        pending.popleft().wait()
+        if on_done is not None:
+            on_done(1)
+
+
+class TimedPipeline(Pipeline):
+    """Another pipeline whose steps are timed per item: `pre` (item -> first request) and
+    `post` (outputs received -> next request or result), recorded in `oi.metrics`."""
+
+    def __init__(self, inner: Pipeline) -> None:
+        super().__init__(inner.oi)
+        self.inner = inner
+
+    def process(self, item: Any) -> Process | Any:
+        started = time.perf_counter()
+        gen = self.inner.process(item)
+        if not isinstance(gen, Generator):  # all its work happened in the call
+            self.oi.metrics.record_item({"pre": time.perf_counter() - started})
+            return gen
+        return self._timed(gen)
+
+    def _timed(self, gen: Process) -> Process:
+        spent = {"pre": 0.0, "post": 0.0}
+        stage, value, error = "pre", None, None
+        try:
+            while True:
+                started = time.perf_counter()
+                try:
+                    step: Step = gen.send(value) if error is None else gen.throw(error)
+                except StopIteration as stop:
+                    spent[stage] += time.perf_counter() - started
+                    return stop.value
+                spent[stage] += time.perf_counter() - started
+                stage = "post"
+                try:
+                    value, error = (yield step), None
+                except GeneratorExit:
+                    gen.close()
+                    raise
+                except Exception as e:
+                    value, error = None, e
+        finally:
+            self.oi.metrics.record_item(spent)
+
+
+def drive_pipeline(
+    oi: OfflineInference, items: Sequence[Any], count: int, on_done: OnDone | None = None
+) -> None:
+    """`count` items (cycling through `items`) through the recipe's pipeline, timed."""
+    driver = PipelineDriver(TimedPipeline(oi.pipeline), on_error="return")
+    for _ in driver.run(items[i % len(items)] for i in range(count)):
+        if on_done is not None:
+            on_done(1)
+
+
+def recipe_items(oi: OfflineInference) -> list[Any]:
+    """The recipe's `inputs:` files, loaded by its pipeline."""
+    recipe = oi.recipe
+    if not recipe.inputs:
+        raise ConfigError(f"{recipe.source}: the pipeline source needs `inputs:` in the recipe")
+    files = oi.pipeline.input_files(recipe.root / recipe.inputs)
+    if not files:
+        raise ConfigError(f"{recipe.source}: no input files in {recipe.root / recipe.inputs}")
+    return [oi.pipeline.load(f) for f in files]
+
+
+# -- a whole run ---------------------------------------------------------------------------
+
+
+def bench(
+    oi: OfflineInference,
+    *,
+    models: Sequence[str] | None = None,
+    requests: int = 1000,
+    source: Source = "synthetic",
+    on_done: OnDone | None = None,
+) -> BenchReport:
+    """Drive a running OfflineInference and report; `models` (synthetic only) picks models."""
+    if requests < 1:
+        raise ConfigError(f"requests must be >= 1, got {requests}")
+    names = list(models) if models else [m.name for m in oi.models]
+    for name in names:
+        oi.recipe.model(name)  # ConfigError naming the known models
+    inputs: dict[str, dict[str, list[int]]] = {}
+    started = time.perf_counter()
+    if source == "pipeline":
+        if models:
+            raise ConfigError("models cannot be chosen for the pipeline source")
+        drive_pipeline(oi, recipe_items(oi), requests, on_done)
+    else:
+        pools = {name: synthetic_items(oi.model_info(name)) for name in names}
+        inputs = {
+            name: {t.name: list(a.shape) for t, a in zip(oi.model_info(name).inputs, pool[0], strict=True)}
+            for name, pool in pools.items()
+        }
+        started = time.perf_counter()
+        with ThreadPoolExecutor(len(names), thread_name_prefix="bench") as feeders:
+            futures = [feeders.submit(drive, oi, n, pools[n], requests, on_done) for n in names]
+            for f in futures:
+                f.result()
+    oi.wait_all()
+    return BenchReport(
+        recipe=oi.recipe.name,
+        backend=oi.recipe.backend,
+        source=source,
+        requested=requests,
+        wall_s=time.perf_counter() - started,
+        inputs=inputs,
+        workers=tuple(f"{m.name}#{i}" for m in oi.models for i in range(m.instances)),
+        stats=oi.stats(),
+        timeline=tuple(oi.metrics.timeline()),
+        latencies_s=oi.metrics.samples("end_to_end"),
+    )
+
+
+def run_bench(
+    recipe: Recipe,
+    *,
+    models: Sequence[str] | None = None,
+    requests: int = 1000,
+    source: Source = "synthetic",
+    on_done: OnDone | None = None,
+    acl_module: object | None = None,
+) -> BenchReport:
+    """`bench` on a fresh OfflineInference of `recipe`, closed afterwards."""
+    with OfflineInference(recipe, acl_module=acl_module) as oi:
+        return bench(oi, models=models, requests=requests, source=source, on_done=on_done)

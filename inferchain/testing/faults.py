@@ -1,0 +1,111 @@
+"""Fault injection around any real backend, for tests of what happens when things fail.
+
+`FaultyBackend(inner)` loads real sessions through `inner` (e.g. ONNX Runtime) and makes
+them fail on demand: a `BackendError` on chosen runs or with a probability, a load failure,
+or a `WorkerKilled` (a BaseException, like a crash of the worker thread).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Collection, Sequence
+
+import numpy as np
+
+from inferchain.backends.base import Backend, Session
+from inferchain.config import ModelConfig
+from inferchain.errors import BackendError
+
+
+class WorkerKilled(BaseException):
+    """Raised inside a worker thread to kill it, as a crash of the runtime would."""
+
+
+class FaultySession(Session):
+    """A real session whose `run` fails as its backend says."""
+
+    def __init__(self, inner: Session, owner: FaultyBackend) -> None:
+        self._inner = inner
+        self._owner = owner
+        self.inputs = inner.inputs
+        self.outputs = inner.outputs
+        self.max_batch_size = inner.max_batch_size
+        self.reuses_outputs = inner.reuses_outputs
+        self.metadata = inner.metadata
+
+    def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
+        self._owner.before_run()
+        return self._inner.run(inputs, batch_size)
+
+    def close(self) -> None:
+        self._owner.count("close")
+        self._inner.close()
+
+
+class FaultyBackend(Backend):
+    """Wraps `inner`; counts calls and injects faults (all settable while running).
+
+    - `fail_runs`: 1-based numbers of `run` calls (across all sessions) that raise
+      `BackendError(code=500000, name="INJECTED")`;
+    - `fail_p`: probability that any run raises it (seeded by `seed`);
+    - `kill_runs`: run numbers that raise `WorkerKilled` instead;
+    - `fail_loads`: 1-based numbers of `load` calls that raise `BackendError`;
+    - `load_delay_s`: sleep in every load after the first (a slow re-initialisation);
+    - `slow_runs` / `run_delay_s`: run numbers that sleep first (a long batch).
+    """
+
+    def __init__(
+        self,
+        inner: Backend,
+        *,
+        fail_runs: Collection[int] = (),
+        fail_p: float = 0.0,
+        kill_runs: Collection[int] = (),
+        fail_loads: Collection[int] = (),
+        load_delay_s: float = 0.0,
+        slow_runs: Collection[int] = (),
+        run_delay_s: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self.name = f"faulty-{inner.name}"
+        self.inner = inner
+        self.fail_runs = set(fail_runs)
+        self.fail_p = fail_p
+        self.kill_runs = set(kill_runs)
+        self.fail_loads = set(fail_loads)
+        self.load_delay_s = load_delay_s
+        self.slow_runs = set(slow_runs)
+        self.run_delay_s = run_delay_s
+        self.counts: dict[str, int] = {"load": 0, "run": 0, "close": 0, "failed": 0}
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def count(self, what: str) -> int:
+        with self._lock:
+            self.counts[what] += 1
+            return self.counts[what]
+
+    def before_run(self) -> None:
+        n = self.count("run")
+        if n in self.slow_runs:
+            time.sleep(self.run_delay_s)
+        if n in self.kill_runs:
+            raise WorkerKilled(f"injected crash on run {n}")
+        with self._lock:
+            fail = n in self.fail_runs or (self.fail_p > 0 and self._rng.random() < self.fail_p)
+        if fail:
+            self.count("failed")
+            raise BackendError(f"injected failure on run {n}", code=500000, name="INJECTED")
+
+    def load(self, model: ModelConfig, device: int) -> Session:
+        n = self.count("load")
+        if n > 1 and self.load_delay_s:
+            time.sleep(self.load_delay_s)
+        if n in self.fail_loads:
+            raise BackendError(f"injected load failure on load {n}", code=500000, name="INJECTED")
+        return FaultySession(self.inner.load(model, device), self)
+
+    def close(self) -> None:
+        self.inner.close()

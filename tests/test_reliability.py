@@ -1,0 +1,283 @@
+"""Nothing is lost under faults, bad input and shutdown; every request ends exactly once."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import recipe
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+import inferchain as ic
+from inferchain import RequestState as S
+from inferchain.backends.onnxruntime import OnnxRuntimeBackend
+from inferchain.testing.faults import FaultyBackend
+from inferchain.testing.models import write_mlp64
+
+
+def faulty(r: ic.Recipe, **faults: Any) -> tuple[ic.OfflineInference, FaultyBackend]:
+    backend = FaultyBackend(OnnxRuntimeBackend(r), **faults)
+    return ic.OfflineInference(r, backend=backend), backend
+
+
+def mlp(path: Path, **model: Any) -> ic.Recipe:
+    """The tiny model without warm-up, so run numbers count real batches only."""
+    return recipe({"name": "m", "path": str(path), "max_batch_size": 4, "warmup": False, **model})
+
+
+X = np.ones(64, np.float32)
+
+
+def test_execute_error_fails_only_its_batch(mlp_path: Path) -> None:
+    oi, _ = faulty(mlp(mlp_path, slots=4), fail_runs={2})
+    with oi:
+        oi.infer("m", X)  # run 1
+        batch = oi.submit_many("m", [X] * 4)
+        oi.wait_all()
+        after = oi.submit_many("m", [X] * 8)
+        oi.wait_all()
+    assert {r.state for r in batch} == {S.ERROR}
+    assert all(isinstance(r.error, ic.BackendError) and r.error.name == "INJECTED" for r in batch)
+    assert {r.state for r in after} == {S.DONE}
+
+
+def test_unhealthy_worker_is_reinitialised_and_recovers(mlp_path: Path) -> None:
+    oi, backend = faulty(
+        mlp(mlp_path, max_batch_size=1, health={"max_failures": 2}), fail_runs={2, 3}
+    )
+    with oi:
+        oi.infer("m", X)
+        failed = [oi.submit("m", X) for _ in range(2)]
+        oi.wait_all()
+        assert backend.counts["load"] == 2  # re-initialised after two failures in a row
+        assert oi.infer("m", X)["y"].shape == (10,)
+    assert all(r.state is S.ERROR for r in failed)
+
+
+def test_fail_fast_while_unhealthy(mlp_path: Path) -> None:
+    r = mlp(mlp_path, max_batch_size=1, health={"max_failures": 1, "while_unhealthy": "fail"})
+    oi, _ = faulty(r, fail_runs={1}, load_delay_s=0.5)
+    with oi:
+        doomed = oi.submit("m", X)
+        doomed.wait(10)
+        during = oi.submit_many("m", [X] * 5)  # the worker reloads for 0.5 s meanwhile
+        oi.wait_all()
+        assert oi.infer("m", X)["y"].shape == (10,)  # recovered
+    assert doomed.state is S.ERROR
+    assert all(r.done for r in during)
+    assert any("unhealthy" in str(r.error) for r in during if r.state is S.ERROR)
+
+
+def test_a_dying_worker_strands_nothing(mlp_path: Path, no_thread_leak: None) -> None:
+    oi, _ = faulty(mlp(mlp_path, instances=2), kill_runs={3})
+    with oi:
+        reqs = oi.submit_many("m", [X] * 200)
+        oi.wait_all(timeout=30)
+        assert all(r.done for r in reqs)
+        killed = [r for r in reqs if r.state is S.ERROR]
+        assert killed and all(
+            "died" in str(r.error) or "INJECTED" not in str(r.error) for r in killed
+        )
+        assert oi.infer("m", X)["y"].shape == (10,)  # the other instance carries on
+
+
+def test_when_every_worker_died_requests_fail_fast(mlp_path: Path) -> None:
+    oi, _ = faulty(mlp(mlp_path), kill_runs={1})
+    with oi:
+        first = oi.submit("m", X)
+        first.wait(10)
+        later = oi.submit_many("m", [X] * 10)
+        assert oi.wait_all(timeout=10)
+    assert isinstance(first.error, ic.BackendError) and "WorkerKilled" in str(first.error)
+    assert all(r.state is S.ERROR and "dead" in str(r.error) for r in later)
+
+
+def test_load_failure_is_an_init_error(mlp_path: Path, no_thread_leak: None) -> None:
+    oi, _ = faulty(mlp(mlp_path, instances=2), fail_loads={2})
+    with pytest.raises(ic.BackendError, match="injected load failure"):
+        oi.init()
+
+
+def test_nonfinite_policy(mlp_path: Path) -> None:
+    bad = X.copy()
+    bad[3] = np.nan
+    with (
+        ic.OfflineInference(mlp(mlp_path, nonfinite="reject")) as oi,
+        pytest.raises(ic.InvalidInput, match="1 NaN or infinite values"),
+    ):
+        oi.submit("m", bad)
+    with ic.OfflineInference(mlp(mlp_path)) as oi:  # the default lets them through
+        assert np.isnan(oi.infer("m", bad)["y"]).any()
+
+
+def test_non_contiguous_inputs_are_fine(mlp_path: Path) -> None:
+    wide = np.arange(128, dtype=np.float32)
+    with ic.OfflineInference(mlp(mlp_path)) as oi:
+        a = oi.infer("m", wide[::2])
+        b = oi.infer("m", np.ascontiguousarray(wide[::2]))
+    np.testing.assert_array_equal(a["y"], b["y"])
+
+
+def test_priority_order_end_to_end(mlp_path: Path) -> None:
+    oi, _ = faulty(mlp(mlp_path, slots=1, max_batch_size=1), slow_runs={1}, run_delay_s=0.3)
+    with oi:
+        blocker = oi.submit("m", X)
+        reqs = [oi.submit("m", X, priority=p) for p in (0, 2, 1, 2, 0)]
+        oi.wait_all()
+    assert blocker.state is S.DONE
+    order = sorted(reqs, key=lambda q: q.stamp(S.READY) or 0.0)
+    assert [(q.priority, q.id) for q in order] == sorted(
+        ((q.priority, q.id) for q in reqs), key=lambda t: (-t[0], t[1])
+    )
+
+
+def test_queue_full_and_blocking_submit(mlp_path: Path) -> None:
+    r = recipe(
+        {"name": "m", "path": str(mlp_path), "max_batch_size": 1, "slots": 1},
+        scheduler={"max_queue_size": 2},
+    )
+    oi, _ = faulty(r, slow_runs={1}, run_delay_s=0.3)
+    with oi:
+        oi.submit("m", X)
+        oi.submit_many("m", [X, X])  # may take a moment to be admitted
+        with pytest.raises(ic.QueueFull):
+            for _ in range(5):
+                oi.submit("m", X, block=False)
+        assert oi.submit("m", X).result(timeout=10)["y"].shape == (10,)  # blocks, then runs
+
+
+def test_close_under_load_from_another_thread(mlp_path: Path, no_thread_leak: None) -> None:
+    oi = ic.OfflineInference(mlp(mlp_path)).init()
+    reqs: list[ic.Request] = []
+    stop = threading.Event()
+
+    def producer() -> None:
+        while not stop.is_set():
+            try:
+                reqs.extend(oi.submit_many("m", [X] * 50))
+            except ic.Closed:
+                return
+
+    t = threading.Thread(target=producer)
+    t.start()
+    while len(reqs) < 2000:
+        threading.Event().wait(0.001)
+    oi.close(drain_timeout=0.05)
+    stop.set()
+    t.join(10)
+    assert all(r.done for r in reqs)
+    assert {r.state for r in reqs} <= {S.DONE, S.CANCELLED}
+
+
+class SystemMachine(RuleBasedStateMachine):
+    """The whole OfflineInference against a simple model of it: every request ends exactly
+    once, a DONE request's outputs are those of its own inputs, injected faults fail only
+    the batches they hit, and close() leaves nothing behind."""
+
+    requests = Bundle("requests")
+    path: Path
+
+    def __init__(self) -> None:
+        super().__init__()
+        r = recipe(
+            {"name": "a", "path": str(self.path), "max_batch_size": 4, "slots": 6, "warmup": False},
+            {"name": "b", "path": str(self.path), "max_batch_size": 2, "instances": 2},
+        )
+        self.backend = FaultyBackend(OnnxRuntimeBackend(r))
+        self.oi = ic.OfflineInference(r, backend=self.backend).init()
+        self.reference = ort.InferenceSession(str(self.path))
+        self.submitted: dict[int, tuple[ic.Request, np.ndarray]] = {}
+        self.checked: set[int] = set()
+        self.callbacks: Counter[int] = Counter()
+        self.lock = threading.Lock()
+        self.rng = np.random.default_rng(0)
+
+    def _callback(self, request: ic.Request) -> None:
+        with self.lock:
+            self.callbacks[request.id] += 1
+
+    @rule(
+        target=requests,
+        model=st.sampled_from(["a", "b"]),
+        priority=st.integers(-1, 1),
+        deps=st.lists(st.integers(0, 50), max_size=2),
+        timeout=st.sampled_from([None, None, 0.0005, 5.0]),
+    )
+    def submit(self, model: str, priority: int, deps: list[int], timeout: float | None) -> Any:
+        x = self.rng.standard_normal(64).astype(np.float32)
+        known = [r for r, _ in self.submitted.values()]
+        depends_on = [known[d % len(known)] for d in deps] if known else []
+        req = self.oi.submit(
+            model,
+            x,
+            priority=priority,
+            timeout=timeout,
+            depends_on=depends_on,
+            callback=self._callback,
+        )
+        self.submitted[req.id] = (req, x)
+        return req
+
+    @rule(r=consumes(requests))
+    def cancel(self, r: ic.Request) -> None:
+        if r.cancel():
+            assert r.state is S.CANCELLED and r.outputs is None
+
+    @rule(n=st.integers(1, 3))
+    def inject_faults(self, n: int) -> None:
+        start = self.backend.counts["run"] + 1
+        self.backend.fail_runs.update(range(start, start + n))
+
+    @rule()
+    def wait(self) -> None:
+        assert self.oi.wait_all(timeout=30)
+        assert all(r.done for r, _ in self.submitted.values())
+
+    @invariant()
+    def finished_requests_are_consistent(self) -> None:
+        for rid, (r, x) in list(self.submitted.items()):
+            if rid in self.checked or not r.done:
+                continue
+            self.checked.add(rid)
+            if r.state is S.DONE:
+                assert r.error is None
+                (expected,) = self.reference.run(None, {"x": x[None]})
+                np.testing.assert_allclose(r.outputs["y"], expected[0], rtol=1e-5, atol=1e-6)
+            else:
+                assert r.outputs is None and isinstance(r.error, ic.RequestError)
+                if r.state is S.ERROR and isinstance(r.error, ic.DependencyFailed):
+                    assert any(d.state is not S.DONE for d in r.depends_on)
+
+    def teardown(self) -> None:
+        self.oi.close()
+        self.finished_requests_are_consistent()
+        for rid, (r, _) in self.submitted.items():
+            assert r.done
+            assert self.callbacks[rid] == 1, f"request {rid} finished {self.callbacks[rid]} times"
+        assert not [t for t in threading.enumerate() if t.name.startswith("inferchain-")]
+
+
+@pytest.fixture(scope="module")
+def machine_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_mlp64(tmp_path_factory.mktemp("machine") / "m.onnx")
+
+
+def test_system_state_machine(machine_model: Path) -> None:
+    SystemMachine.path = machine_model
+    run_state_machine_as_test(
+        SystemMachine, settings=settings(max_examples=20, stateful_step_count=30, deadline=None)
+    )
