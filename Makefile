@@ -36,6 +36,10 @@ pytest: $(STAMP_DEV)
 
 bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/bench_core.py
+	$(BIN)/python benchmarks/bench_memory.py
+
+soak: $(STAMP_DEV)
+	$(BIN)/python -m inferchain.testing.soak --seconds 600
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache
