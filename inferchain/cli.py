@@ -17,7 +17,12 @@ import structlog
 from inferchain.errors import InferchainError
 
 #: Subcommand modules under inferchain/commands/, in the order `--help` lists them.
-COMMANDS = ("run",)
+COMMANDS = ("run", "bench", "info", "doctor", "compare")
+
+
+def _stderr_logger(*args: object) -> structlog.PrintLogger:
+    """A logger on whatever `sys.stderr` is at the time (it may be replaced, e.g. in tests)."""
+    return structlog.PrintLogger(sys.stderr)
 
 
 def configure_logging(level: str, fmt: str) -> None:
@@ -36,7 +41,7 @@ def configure_logging(level: str, fmt: str) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
 

@@ -65,17 +65,34 @@ class MemoryPlan:
 
 
 def plan(
-    model: ModelConfig, inputs: Sequence[TensorDesc], outputs: Sequence[TensorDesc]
+    model: ModelConfig,
+    inputs: Sequence[TensorDesc],
+    outputs: Sequence[TensorDesc],
+    buckets: Sequence[tuple[tuple[int, ...], ...]] = (),
 ) -> MemoryPlan:
-    """The memory plan of `model` given its IO description."""
+    """The memory plan of `model` given its IO description and its shape buckets.
+
+    With buckets, the input buffers of every bucket count (they are all allocated at init).
+    """
     rows = model.batch_rows
-    sizes = [tensor_bytes(t, rows) for t in (*inputs, *outputs)]
+    if buckets:
+        itemsizes = [t.dtype.itemsize for t in inputs]
+        input_bytes = sum(
+            rows * math.prod(shape) * itemsize
+            for key in buckets
+            for shape, itemsize in zip(key, itemsizes, strict=True)
+        )
+        sizes = [input_bytes, *(tensor_bytes(t, rows) for t in outputs)]
+        dynamic = any(s is None for s in sizes) or model.shapes.strategy == "auto"
+    else:
+        sizes = [tensor_bytes(t, rows) for t in (*inputs, *outputs)]
+        dynamic = any(s is None for s in sizes)
     budget = model.memory_budget_mb
     return MemoryPlan(
         model=model.name,
         model_bytes=os.path.getsize(model.path) if os.path.exists(model.path) else 0,
         buffer_bytes=sum(s for s in sizes if s is not None),
-        dynamic=any(s is None for s in sizes),
+        dynamic=dynamic,
         max_batch=model.max_batch_size,
         instances=model.instances,
         budget_bytes=None if budget is None else int(budget * MB),

@@ -19,11 +19,13 @@ from inferchain.config import ModelConfig, Recipe, load_recipe
 from inferchain.engine import ExecutionEngine
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.inputs import InputSpec
+from inferchain.logs import log_safely
 from inferchain.memory import MemoryPlan, plan
 from inferchain.metrics import Metrics, Stats
 from inferchain.pipeline import Pipeline, PipelineDriver, load_pipeline
 from inferchain.request import Callback, Outputs, Request, RequestState
 from inferchain.scheduler import Scheduler
+from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
 from inferchain.worker import ModelWorker
 
@@ -59,6 +61,7 @@ class OfflineInference:
         self._drained = threading.Condition(self._lock)
         self._workers: dict[str, list[ModelWorker]] = {}
         self._specs: dict[str, InputSpec] = {}
+        self._shapes: dict[str, ShapePolicy] = {}
         self._infos: dict[str, ModelInfo] = {}
         self.memory: dict[str, MemoryPlan] = {}  # the memory budget table, after init()
         self._callbacks: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
@@ -126,7 +129,9 @@ class OfflineInference:
                 batching=model.max_batch_size > 0,
                 reject_nonfinite=model.nonfinite == "reject",
             )
-            memory = plan(model, session.inputs, session.outputs)
+            policy = ShapePolicy(model, session.inputs, session.outputs)
+            self._shapes[model.name] = policy
+            memory = plan(model, session.inputs, session.outputs, policy.warm_keys())
             memory.check()
             self.memory[model.name] = memory
             self._infos[model.name] = ModelInfo(
@@ -137,6 +142,9 @@ class OfflineInference:
                 model.instances,
                 dict(session.metadata),
             )
+        for model in self.recipe.models:  # warm-up runs on every worker thread at once
+            for w in self._workers[model.name]:
+                w.prepare(self._shapes[model.name], warm=model.warmup)
 
     def _wake(self) -> None:
         if self._scheduler is not None:
@@ -246,6 +254,8 @@ class OfflineInference:
         deadline = None if timeout is None else time.perf_counter() + timeout
         hook = self._finished if callback is None else self._finished_with_callback
         arrays = [spec.normalize(item) for item in items]
+        policy = self._shapes[model]
+        keys = [policy.key(a) for a in arrays]
         room = self.memory[model].request_bytes
         if room is not None:
             for a in arrays:
@@ -268,8 +278,9 @@ class OfflineInference:
                     depends_on=deps,
                     callback=callback,
                     on_terminal=hook,
+                    shape_key=key,
                 )
-                for a in arrays
+                for a, key in zip(arrays, keys, strict=True)
             ]
             self._outstanding += len(requests)
         try:
@@ -337,7 +348,8 @@ class OfflineInference:
             try:
                 request.callback(request)
             except Exception as e:
-                log.error(
+                log_safely(
+                    log.error,
                     "callback_failed",
                     request_id=request.id,
                     model=request.model,

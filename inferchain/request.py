@@ -91,6 +91,7 @@ class Request:
         depends_on: tuple[Request, ...] = (),
         callback: Callback | None = None,
         on_terminal: Callable[[Request], None] | None = None,
+        shape_key: tuple[tuple[int, ...], ...] | None = None,
     ) -> None:
         self.id = id  # unique and increasing per OfflineInference
         self.model = model  # name of the model in the recipe
@@ -102,7 +103,8 @@ class Request:
         self.outputs: Outputs | None = None  # name -> array, once DONE
         self.error: BaseException | None = None  # once ERROR / CANCELLED / TIMED_OUT
         self.nbytes = sum(a.nbytes for a in inputs)  # host bytes of the inputs
-        self.shape_key = tuple(a.shape for a in inputs)  # requests batch only with equals
+        # requests batch only with equal keys: their shapes, or the bucket they are padded to
+        self.shape_key = tuple(a.shape for a in inputs) if shape_key is None else shape_key
         self._lock = threading.Lock()
         self._state = RequestState.WAITING
         now = time.perf_counter()

@@ -23,6 +23,7 @@ import structlog
 from inferchain.config import ModelConfig, SchedulerConfig
 from inferchain.engine import ExecutionEngine
 from inferchain.errors import Closed, DependencyFailed, QueueFull, RequestTimeout
+from inferchain.logs import log_safely
 from inferchain.request import Request, RequestState
 
 log = structlog.get_logger(__name__)
@@ -155,7 +156,7 @@ class Scheduler:
             try:
                 timeout = self.run_once()
             except Exception:  # a bug here must not strand every request: log and go on
-                log.exception("scheduler_step_failed")
+                log_safely(log.exception, "scheduler_step_failed")
                 timeout = self._config.interval_ms / 1000.0
 
     def run_once(self) -> float:

@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+import attrs
 import numpy as np
 import structlog
 
@@ -19,12 +20,23 @@ from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig
 from inferchain.engine import Batch
 from inferchain.errors import BackendError, ConfigError, InferchainError
+from inferchain.logs import log_safely
 from inferchain.metrics import BatchTiming, ModelMetrics
 from inferchain.request import Request, RequestState
+from inferchain.shapes import ShapeKey, ShapePolicy, crop, stack_rows
 
 log = structlog.get_logger(__name__)
 
-ShapeKey = tuple[tuple[int, ...], ...]
+
+@attrs.frozen(eq=False)
+class _Prepare:
+    """A queue item: adopt a shape policy and warm its shapes up on the worker thread."""
+
+    policy: ShapePolicy
+    warm: bool
+    done: threading.Event
+
+
 _MAX_SHAPE_BUFFERS = 16  # buffer sets kept for dynamic shapes (LRU)
 
 
@@ -57,7 +69,9 @@ class ModelWorker:
         self._metrics = metrics
         self._on_idle = on_idle
         self._batching = model.max_batch_size > 0
-        self._queue: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Batch | _Prepare | None] = queue.SimpleQueue()
+        self.shapes: ShapePolicy | None = None  # set by prepare(), before the first batch
+        self._max_buffers = _MAX_SHAPE_BUFFERS
         self._buffers: OrderedDict[ShapeKey, list[np.ndarray]] = OrderedDict()
         self._ready = threading.Event()
         self._init_error: BaseException | None = None
@@ -115,8 +129,11 @@ class ModelWorker:
             return
         self._ready.set()
         try:
-            while (batch := self._queue.get()) is not None:
-                self._execute(batch)
+            while (item := self._queue.get()) is not None:
+                if isinstance(item, _Prepare):
+                    self._prepare(item)
+                else:
+                    self._execute(item)
         except BaseException as e:  # the thread is dying: nothing queued may be stranded
             self._die(e)
         finally:
@@ -125,17 +142,25 @@ class ModelWorker:
     def _die(self, error: BaseException) -> None:
         self.dead = True
         self.healthy = False
-        log.error("worker_died", worker=self.name, error=type(error).__name__, detail=str(error))
-        self._on_idle()
         cause = BackendError(f"{self.name} died: {type(error).__name__}: {error}")
-        while True:
+        while True:  # fail everything queued before anything else can go wrong
             try:
-                batch = self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
-                return
-            if batch is not None:
-                self._fail(batch.requests, cause, None)
+                break
+            if isinstance(item, Batch):
+                self._fail(item.requests, cause, None)
                 self._batch_finished()
+            elif isinstance(item, _Prepare):
+                item.done.set()
+        self._on_idle()
+        log_safely(
+            log.error,
+            "worker_died",
+            worker=self.name,
+            error=type(error).__name__,
+            detail=str(error),
+        )
 
     def _init(self) -> None:
         session = self._backend.load(self.model, self._device)
@@ -147,16 +172,32 @@ class ModelWorker:
                 f"exceeds the {limit} the loaded model accepts"
             )
         self._output_names = tuple(t.name for t in session.outputs)
-        shapes = tuple(t.item_shape() for t in session.inputs)
-        if self._batching and all(None not in s for s in shapes):
-            key: ShapeKey = tuple(s for s in shapes)  # type: ignore[misc]
-            self._buffers_for(key)  # the common case: allocated once, here
-            if self.model.warmup:
-                feed = [b for b in self._buffers_for(key)]
-                for b in feed:
-                    b.fill(0)
-                session.run(feed, len(feed[0]))
         log.debug("worker_ready", worker=self.name, inputs=[t.describe() for t in session.inputs])
+
+    def prepare(self, policy: ShapePolicy, warm: bool) -> None:
+        """Adopt the model's shape policy; allocate (and, with `warm`, run once at the max
+        batch) the buffers of every shape known now. Blocks until the worker thread did it."""
+        done = threading.Event()
+        self._queue.put(_Prepare(policy, warm, done))
+        done.wait()
+        if self._init_error is not None:
+            raise self._init_error
+
+    def _prepare(self, item: _Prepare) -> None:
+        self.shapes = item.policy
+        self._max_buffers = max(_MAX_SHAPE_BUFFERS, 2 * len(item.policy.buckets))
+        try:
+            for key in item.policy.warm_keys() if self._batching else ():
+                feed = self._buffers_for(key)
+                if item.warm:
+                    for b in feed:
+                        b.fill(0)
+                    assert self.session is not None
+                    self.session.run(feed, len(feed[0]))
+        except Exception as e:
+            self._init_error = e
+        finally:
+            item.done.set()
 
     def _buffers_for(self, key: ShapeKey) -> list[np.ndarray]:
         """Host input buffers for `key`, made once per shape (LRU for dynamic shapes)."""
@@ -169,7 +210,7 @@ class ModelWorker:
                 for shape, t in zip(key, self.session.inputs, strict=True)
             ]
             self._buffers[key] = buffers
-            if len(self._buffers) > _MAX_SHAPE_BUFFERS:
+            if len(self._buffers) > self._max_buffers:
                 self._buffers.popitem(last=False)
         else:
             self._buffers.move_to_end(key)
@@ -207,7 +248,9 @@ class ModelWorker:
 
     def _recover(self) -> None:
         """Re-initialise the session after `max_failures` failed batches in a row."""
-        log.warning("worker_unhealthy", worker=self.name, failures=self.consecutive_failures)
+        log_safely(
+            log.warning, "worker_unhealthy", worker=self.name, failures=self.consecutive_failures
+        )
         self._release()
         try:
             self._init()
@@ -216,7 +259,7 @@ class ModelWorker:
             return
         self.consecutive_failures = 0
         self.healthy = True
-        log.info("worker_recovered", worker=self.name)
+        log_safely(log.info, "worker_recovered", worker=self.name)
         self._on_idle()
 
     def _run(self, batch: Batch) -> Sequence[np.ndarray]:
@@ -231,10 +274,10 @@ class ModelWorker:
             self._run_end = time.perf_counter()
             return outputs
         feed = []
+        pad = self.shapes.pad_value if self.shapes is not None else 0.0
         for i, buffer in enumerate(self._buffers_for(batch.shape_key)):
             view = buffer[:n]
-            for row, request in enumerate(requests):
-                view[row] = request.inputs[i]
+            stack_rows(view, [r.inputs[i] for r in requests], pad)
             feed.append(view)
         self._run_start = time.perf_counter()
         outputs = session.run(feed, n)
@@ -268,13 +311,17 @@ class ModelWorker:
         names = self._output_names
         done = RequestState.DONE
         if self._batching:
+            crops = self.shapes.crops if self.shapes is not None else ()
             for request, row in zip(requests, zip(*outputs, strict=True), strict=False):
+                if crops and request.shape_key != tuple(a.shape for a in request.inputs):
+                    row = tuple(crop(row, request.inputs, crops))
                 request.try_transition(done, outputs=dict(zip(names, row, strict=True)))
         else:
             requests[0].try_transition(done, outputs=dict(zip(names, outputs, strict=True)))
         self._metrics.record_batch(requests, ok=True, timing=timing)
         if structlog.is_configured():  # per-batch lines only where the application asked
-            log.debug(
+            log_safely(
+                log.debug,
                 "batch_done",
                 worker=self.name,
                 size=len(requests),
@@ -286,7 +333,11 @@ class ModelWorker:
     ) -> None:
         if not isinstance(error, InferchainError):
             error = BackendError(f"{self.name}: {type(error).__name__}: {error}")
-        log.error(
+        for request in requests:  # first: nothing may stay unfinished, whatever comes next
+            request.try_transition(RequestState.ERROR, error=error)
+        self._metrics.record_batch(requests, ok=False, timing=timing)
+        log_safely(
+            log.error,
             "batch_failed",
             worker=self.name,
             request_id=[r.id for r in requests],
@@ -295,9 +346,6 @@ class ModelWorker:
             code_name=getattr(error, "name", None),
             detail=str(error),
         )
-        for request in requests:
-            request.try_transition(RequestState.ERROR, error=error)
-        self._metrics.record_batch(requests, ok=False, timing=timing)
 
     def _release(self) -> None:
         session, self.session = self.session, None

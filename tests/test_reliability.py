@@ -281,3 +281,29 @@ def test_system_state_machine(machine_model: Path) -> None:
     run_state_machine_as_test(
         SystemMachine, settings=settings(max_examples=20, stateful_step_count=30, deadline=None)
     )
+
+
+class BrokenSink:
+    """A log sink that fails on every write, like a closed or full stream."""
+
+    def msg(self, *args: Any, **kwargs: Any) -> None:
+        raise OSError("log sink is gone")
+
+    log = debug = info = warning = error = critical = exception = msg
+
+
+def test_a_failing_logger_strands_nothing(mlp_path: Path) -> None:
+    import structlog
+
+    saved = structlog.get_config()
+    structlog.configure(logger_factory=lambda *a: BrokenSink(), cache_logger_on_first_use=False)
+    try:
+        oi, _ = faulty(mlp(mlp_path, max_batch_size=1), fail_runs={1, 2, 3, 4}, kill_runs={6})
+        with oi:
+            reqs = oi.submit_many("m", [X] * 10, callback=lambda r: 1 / 0)
+            assert oi.wait_all(timeout=20)
+        assert all(r.done for r in reqs)
+        states = [r.state for r in reqs]  # failed x4 (re-init after 3), one ran, then died
+        assert states.count(S.DONE) == 1 and states.count(S.ERROR) == 9
+    finally:
+        structlog.configure(**saved)

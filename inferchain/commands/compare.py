@@ -1,0 +1,83 @@
+"""`inferchain compare MODEL_A MODEL_B`: a converted model's outputs against the original's.
+
+Exit status 0 when every output is within `--rtol/--atol`, 1 when one is not, 2 for bad
+input (a missing file, inputs that do not fit the models).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from inferchain.compare import BACKENDS, DEFAULT_ATOL, DEFAULT_RTOL, compare_models
+from inferchain.feeds import DEFAULT_BATCH, DYNAMIC_DIM
+
+FAKE_ACL_HELP = (
+    "test aid, not for real checks: run acl models with inferchain.testing.fake_acl.FakeAcl "
+    "(ONNX Runtime on the CPU, an .onnx file where pyACL takes an .om) instead of pyACL, "
+    f"compiled for a static batch of --batch rows (default {DEFAULT_BATCH}) unless the ONNX "
+    "batch dim is fixed"
+)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="precision check: run two models on the same inputs and compare their outputs",
+        description=(
+            "Run MODEL_A (the reference) and MODEL_B on the same inputs and compare each output "
+            "by position: max abs/rel error, cosine similarity, elements beyond "
+            "|B - A| <= atol + rtol * |A|. Exit 0 within tolerance, 1 beyond, 2 on bad input."
+        ),
+    )
+    p.add_argument("model_a", type=Path, help="the reference model (.onnx; .om with acl)")
+    p.add_argument("model_b", type=Path, help="the model to check, e.g. its conversion")
+    p.add_argument(
+        "--inputs",
+        type=Path,
+        metavar="NPZ",
+        help="arrays by input name, with the batch dim (default: seeded random inputs within "
+        f"MODEL_A's input description; dynamic dims other than the batch get {DYNAMIC_DIM})",
+    )
+    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="default %(default)g")
+    p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="default %(default)g")
+    for side in ("a", "b"):
+        p.add_argument(
+            f"--backend-{side}",
+            choices=BACKENDS,
+            help=f"backend of MODEL_{side.upper()} (default: acl for .om, else onnxruntime)",
+        )
+    p.add_argument(
+        "--batch",
+        type=int,
+        help="rows of random inputs (default: the model's fixed batch, else "
+        f"{DEFAULT_BATCH}); ignored with --inputs",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--device", type=int, default=0, help="device id for acl")
+    p.add_argument("--fake-acl", action="store_true", help=FAKE_ACL_HELP)
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    acl_module = None
+    if args.fake_acl:
+        from inferchain.testing.fake_acl import FakeAcl
+
+        acl_module = FakeAcl(static_batch=args.batch or DEFAULT_BATCH)
+    report = compare_models(
+        args.model_a,
+        args.model_b,
+        args.inputs,
+        rtol=args.rtol,
+        atol=args.atol,
+        backend_a=args.backend_a,
+        backend_b=args.backend_b,
+        batch=args.batch,
+        seed=args.seed,
+        device=args.device,
+        acl_module=acl_module,
+    )
+    print(report.format())
+    return 0 if report.passed else 1

@@ -1,0 +1,238 @@
+"""Shape strategies (R26): which batch a request joins, and padding into shape buckets.
+
+- `dynamic`: run items as they are; only identical shapes share a batch.
+- `fixed`: pad every item to one shape (the model's static shape, or the one bucket given).
+- `buckets`: a list of shapes ("gears"); an item goes to the smallest bucket that holds it,
+  padded with `pad_value`; outputs that follow the input are cropped back (`crop_outputs`).
+- `auto`: the first `sample` items run as `dynamic`; then `num_buckets` buckets are derived
+  from them, minimising padded elements, and used from then on.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import structlog
+
+from inferchain.config import ModelConfig
+from inferchain.errors import ConfigError, InvalidInput
+from inferchain.tensors import TensorDesc
+
+log = structlog.get_logger(__name__)
+
+Shape = tuple[int, ...]
+ShapeKey = tuple[Shape, ...]  # one item shape per model input
+
+
+def fits(shapes: ShapeKey, bucket: ShapeKey) -> bool:
+    """True when every input fits inside the bucket's shape (same rank, dims <=)."""
+    return all(
+        len(s) == len(b) and all(x <= y for x, y in zip(s, b, strict=True))
+        for s, b in zip(shapes, bucket, strict=True)
+    )
+
+
+def size(key: ShapeKey) -> int:
+    """Elements of one item in `key`, all inputs together."""
+    return sum(math.prod(s) for s in key)
+
+
+def smallest_fit(shapes: ShapeKey, buckets: Sequence[ShapeKey]) -> ShapeKey | None:
+    """The bucket with the fewest elements that holds `shapes`, or None."""
+    best = None
+    for bucket in buckets:
+        if fits(shapes, bucket) and (best is None or size(bucket) < size(best)):
+            best = bucket
+    return best
+
+
+def _envelope(keys: Sequence[ShapeKey]) -> ShapeKey:
+    """The smallest key that holds every key given (element-wise max)."""
+    return tuple(
+        tuple(max(dims) for dims in zip(*shapes, strict=True)) for shapes in zip(*keys, strict=True)
+    )
+
+
+def derive_buckets(sample: Sequence[ShapeKey], num_buckets: int) -> list[ShapeKey]:
+    """At most `num_buckets` buckets holding every sampled key, with few padded elements.
+
+    Keys are ordered by size and cut into contiguous groups by dynamic programming over the
+    padding of each group's envelope: optimal when one dimension varies, a good heuristic
+    when several do.
+    """
+    distinct = sorted(set(sample), key=lambda k: (size(k), k))
+    counts = {k: 0 for k in distinct}
+    for k in sample:
+        counts[k] += 1
+    n = len(distinct)
+    k_max = min(num_buckets, n)
+
+    def waste(i: int, j: int) -> int:  # padding when distinct[i:j] share one bucket
+        env = size(_envelope(distinct[i:j]))
+        return sum(counts[k] * (env - size(k)) for k in distinct[i:j])
+
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(k_max + 1)]
+    cut = [[0] * (n + 1) for _ in range(k_max + 1)]
+    best[0][0] = 0
+    for b in range(1, k_max + 1):
+        for j in range(1, n + 1):
+            for i in range(b - 1, j):
+                cost = best[b - 1][i] + waste(i, j)
+                if cost < best[b][j]:
+                    best[b][j], cut[b][j] = cost, i
+    b = min(range(1, k_max + 1), key=lambda b: best[b][n])
+    buckets, j = [], n
+    while b:
+        i = cut[b][j]
+        buckets.append(_envelope(distinct[i:j]))
+        j, b = i, b - 1
+    return sorted(buckets, key=size)
+
+
+def padding_waste(sample: Sequence[ShapeKey], buckets: Sequence[ShapeKey]) -> float:
+    """Share of padded elements when `sample` runs in `buckets` (0 = none)."""
+    padded = sum(size(smallest_fit(k, buckets) or k) for k in sample)
+    return 1.0 - sum(size(k) for k in sample) / padded if padded else 0.0
+
+
+@attrs.frozen
+class Crop:
+    """Output `output` follows input `input`: out item dim -> in item dim (no batch dims)."""
+
+    output: int
+    input: int
+    dims: Mapping[int, int]
+
+
+class ShapePolicy:
+    """One model's strategy: the batch key of each item; buckets; what to crop back."""
+
+    def __init__(
+        self, model: ModelConfig, inputs: Sequence[TensorDesc], outputs: Sequence[TensorDesc]
+    ) -> None:
+        config = model.shapes
+        self.model = model.name
+        # a model that does not batch takes whole inputs: each shape is its own batch
+        self.strategy = config.strategy if model.max_batch_size > 0 else "dynamic"
+        self.pad_value = config.pad_value
+        self.num_buckets = config.num_buckets
+        self._sample_size = config.sample
+        self._item_shapes = tuple(t.item_shape() for t in inputs)
+        self._lock = threading.Lock()
+        self._sample: list[ShapeKey] = []
+        static = model.max_batch_size > 0 and all(None not in s for s in self._item_shapes)
+        self.buckets: list[ShapeKey] = self._buckets(config.buckets, static, len(inputs))
+        self.crops = tuple(self._crop(c, inputs, outputs) for c in config.crop_outputs or ())
+
+    def _buckets(self, raw: Sequence[Any] | None, static: bool, n_inputs: int) -> list[ShapeKey]:
+        if static:
+            return [tuple(tuple(int(d) for d in s if d is not None) for s in self._item_shapes)]
+        if self.strategy == "dynamic" or self.strategy == "auto":
+            return []
+        if not raw:
+            raise ConfigError(
+                f"model {self.model!r}: shapes strategy {self.strategy!r} needs `buckets`"
+            )
+        buckets = [self._bucket(b, n_inputs) for b in raw]
+        if self.strategy == "fixed" and len(buckets) != 1:
+            raise ConfigError(f"model {self.model!r}: strategy fixed takes one shape in `buckets`")
+        return sorted(buckets, key=size)
+
+    def _bucket(self, raw: Any, n_inputs: int) -> ShapeKey:
+        shapes = [raw] if n_inputs == 1 and all(isinstance(d, int) for d in raw) else list(raw)
+        key = tuple(tuple(int(d) for d in s) for s in shapes)
+        if len(key) != n_inputs or any(
+            len(s) != len(m) or any(d is not None and d != x for d, x in zip(m, s, strict=True))
+            for s, m in zip(key, self._item_shapes, strict=True)
+        ):
+            raise ConfigError(
+                f"model {self.model!r}: bucket {raw!r} does not match the item shapes "
+                f"{self._item_shapes} of the model's inputs"
+            )
+        return key
+
+    def _crop(self, raw: Any, inputs: Sequence[TensorDesc], outputs: Sequence[TensorDesc]) -> Crop:
+        try:
+            out = [t.name for t in outputs].index(raw["output"])
+            inp = [t.name for t in inputs].index(raw["input"])
+            dims = {int(k): int(v) for k, v in dict(raw["dims"]).items()}
+        except (KeyError, ValueError, TypeError) as e:
+            raise ConfigError(
+                f"model {self.model!r}: crop_outputs entry {raw!r} must be "
+                "{output: NAME, input: NAME, dims: {OUT_DIM: IN_DIM}} with the model's names"
+            ) from e
+        return Crop(out, inp, dims)
+
+    def key(self, arrays: Sequence[np.ndarray]) -> ShapeKey:
+        """The batch key of one item; `InvalidInput` when no bucket holds it."""
+        exact = tuple(a.shape for a in arrays)
+        buckets = self.buckets
+        if not buckets:
+            if self.strategy == "auto":
+                self._observe(exact)
+            return exact
+        if len(buckets) == 1 and buckets[0] == exact:
+            return exact
+        bucket = smallest_fit(exact, buckets)
+        if bucket is None:
+            raise InvalidInput(
+                f"model {self.model!r}: item shapes {list(exact)} fit none of the buckets "
+                f"{[list(b) for b in buckets]}"
+            )
+        return bucket
+
+    def _observe(self, exact: ShapeKey) -> None:
+        with self._lock:
+            if self.buckets or len(self._sample) >= self._sample_size:
+                return
+            self._sample.append(exact)
+            if len(self._sample) < self._sample_size:
+                return
+            buckets = derive_buckets(self._sample, self.num_buckets)
+            log.info(
+                "auto_buckets",
+                model=self.model,
+                buckets=[list(map(list, b)) for b in buckets],
+                sample=len(self._sample),
+                padding_waste=round(padding_waste(self._sample, buckets), 4),
+                one_bucket_waste=round(padding_waste(self._sample, [_envelope(self._sample)]), 4),
+            )
+            self.buckets = buckets
+
+    def warm_keys(self) -> list[ShapeKey]:
+        """The shapes known at init, each warmed up once at the max batch."""
+        return list(self.buckets)
+
+
+def stack_rows(view: np.ndarray, rows: Sequence[np.ndarray], pad_value: float) -> None:
+    """Copy item arrays into the rows of `view` (a batch buffer), padding smaller items."""
+    item = view.shape[1:]
+    padded = False
+    for i, row in enumerate(rows):
+        if row.shape == item:
+            view[i] = row
+        else:
+            if not padded:
+                view.fill(pad_value)
+                padded = True
+            index: tuple[int | slice, ...] = (i, *(slice(0, d) for d in row.shape))
+            view[index] = row
+
+
+def crop(
+    outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray], crops: Sequence[Crop]
+) -> list[np.ndarray]:
+    """One item's outputs with the dims that follow an input cut back to that input's size."""
+    out = list(outputs)
+    for c in crops:
+        index = [slice(None)] * out[c.output].ndim
+        for out_dim, in_dim in c.dims.items():
+            index[out_dim] = slice(0, inputs[c.input].shape[in_dim])
+        out[c.output] = out[c.output][tuple(index)]
+    return out
