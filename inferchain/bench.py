@@ -34,7 +34,9 @@ from inferchain.tensors import ModelInfo, TensorDesc
 DYNAMIC_DIM = 32  # synthetic size of a dynamic dim (not the batch dim)
 POOL = 64  # distinct synthetic items per model, cycled through
 Source = Literal["synthetic", "pipeline"]
-OnDone = Callable[[int], None]  # called with how many more requests (or items) finished
+Inputs = dict[str, dict[str, list[int]]]  # model -> input -> synthetic item shape
+OnDone = Callable[[int], None]  # called with 0 when driving starts, then with how many more
+# requests (or items) finished
 
 
 @attrs.frozen(eq=False)
@@ -46,7 +48,7 @@ class BenchReport:
     source: Source
     requested: int  # requests per model (synthetic) or items (pipeline)
     wall_s: float  # first submit -> last result, as the driver saw it
-    inputs: dict[str, dict[str, list[int]]]  # synthetic item shape per model and input
+    inputs: Inputs  # synthetic item shape per model and input (none for the pipeline)
     workers: tuple[str, ...]  # every worker, "model#i", idle or not
     stats: Stats
     timeline: tuple[BatchTiming, ...]  # every batch, by the time a worker took it
@@ -71,7 +73,9 @@ class BenchReport:
 # -- synthetic inputs ----------------------------------------------------------------------
 
 
-def synthetic_shape(desc: TensorDesc, batching: bool, dynamic_dim: int = DYNAMIC_DIM) -> tuple[int, ...]:
+def synthetic_shape(
+    desc: TensorDesc, batching: bool, dynamic_dim: int = DYNAMIC_DIM
+) -> tuple[int, ...]:
     """One item's shape: the model's, without the batch dim when batching; dynamic dims filled
     (a non-batching model's dynamic leading dim gets 1)."""
     if batching:
@@ -83,7 +87,9 @@ def synthetic_shape(desc: TensorDesc, batching: bool, dynamic_dim: int = DYNAMIC
     return tuple(dynamic_dim if d is None else d for d in dims)
 
 
-def random_array(shape: tuple[int, ...], dtype: np.dtype[Any], rng: np.random.Generator) -> np.ndarray:
+def random_array(
+    shape: tuple[int, ...], dtype: np.dtype[Any], rng: np.random.Generator
+) -> np.ndarray:
     """Random values of `dtype` (see the module docstring for the ranges)."""
     if dtype.kind == "f":
         return rng.random(shape).astype(dtype)
@@ -127,7 +133,9 @@ def drive(
     while sent < requests or pending:
         if sent < requests and len(pending) <= window - chunk:
             k = min(chunk, requests - sent)
-            pending.extend(oi.submit_many(model, [items[(sent + i) % len(items)] for i in range(k)]))
+            pending.extend(
+                oi.submit_many(model, [items[(sent + i) % len(items)] for i in range(k)])
+            )
             sent += k
             continue
         pending.popleft().wait()
@@ -136,8 +144,9 @@ def drive(
 
 
 class TimedPipeline(Pipeline):
-    """Another pipeline whose steps are timed per item: `pre` (item -> first request) and
-    `post` (outputs received -> next request or result), recorded in `oi.metrics`."""
+    """Wraps a pipeline's `process` (the one method the driver calls) to time each item's
+    steps: `pre` (item -> first request) and `post` (outputs received -> next request or
+    result), recorded in `oi.metrics` for every item that finished or failed."""
 
     def __init__(self, inner: Pipeline) -> None:
         super().__init__(inner.oi)
@@ -154,6 +163,7 @@ class TimedPipeline(Pipeline):
     def _timed(self, gen: Process) -> Process:
         spent = {"pre": 0.0, "post": 0.0}
         stage, value, error = "pre", None, None
+        closed = False  # by the driver, before the item finished: not a sample
         try:
             while True:
                 started = time.perf_counter()
@@ -167,12 +177,14 @@ class TimedPipeline(Pipeline):
                 try:
                     value, error = (yield step), None
                 except GeneratorExit:
+                    closed = True
                     gen.close()
                     raise
                 except Exception as e:
                     value, error = None, e
         finally:
-            self.oi.metrics.record_item(spent)
+            if not closed:
+                self.oi.metrics.record_item(spent)
 
 
 def drive_pipeline(
@@ -199,6 +211,27 @@ def recipe_items(oi: OfflineInference) -> list[Any]:
 # -- a whole run ---------------------------------------------------------------------------
 
 
+def drive_all(
+    oi: OfflineInference,
+    pools: dict[str, list[tuple[np.ndarray, ...]]],
+    requests: int,
+    on_done: OnDone | None = None,
+) -> None:
+    """`drive` every model of `pools` at once, one feeder thread each."""
+    with ThreadPoolExecutor(len(pools), thread_name_prefix="bench") as feeders:
+        futures = [feeders.submit(drive, oi, m, p, requests, on_done) for m, p in pools.items()]
+        for f in futures:
+            f.result()
+
+
+def _shapes(oi: OfflineInference, pools: dict[str, list[tuple[np.ndarray, ...]]]) -> Inputs:
+    shapes: Inputs = {}
+    for model, pool in pools.items():
+        descs = oi.model_info(model).inputs
+        shapes[model] = {t.name: list(a.shape) for t, a in zip(descs, pool[0], strict=True)}
+    return shapes
+
+
 def bench(
     oi: OfflineInference,
     *,
@@ -206,38 +239,39 @@ def bench(
     requests: int = 1000,
     source: Source = "synthetic",
     on_done: OnDone | None = None,
+    dynamic_dim: int = DYNAMIC_DIM,
 ) -> BenchReport:
-    """Drive a running OfflineInference and report; `models` (synthetic only) picks models."""
-    if requests < 1:
-        raise ConfigError(f"requests must be >= 1, got {requests}")
+    """Drive a running OfflineInference and report; `models` (synthetic only) picks models,
+    `dynamic_dim` is the size of synthetic inputs' dynamic dims."""
+    if requests < 1 or dynamic_dim < 1:
+        raise ConfigError(f"requests and dynamic_dim must be >= 1, got {requests}, {dynamic_dim}")
+    if models and source == "pipeline":
+        raise ConfigError("models cannot be chosen for the pipeline source")
     names = list(models) if models else [m.name for m in oi.models]
     for name in names:
         oi.recipe.model(name)  # ConfigError naming the known models
-    inputs: dict[str, dict[str, list[int]]] = {}
+    items = recipe_items(oi) if source == "pipeline" else []
+    pools = (
+        {}
+        if items
+        else {n: synthetic_items(oi.model_info(n), dynamic_dim=dynamic_dim) for n in names}
+    )
+    if on_done is not None:
+        on_done(0)
     started = time.perf_counter()
-    if source == "pipeline":
-        if models:
-            raise ConfigError("models cannot be chosen for the pipeline source")
-        drive_pipeline(oi, recipe_items(oi), requests, on_done)
+    if items:
+        drive_pipeline(oi, items, requests, on_done)
     else:
-        pools = {name: synthetic_items(oi.model_info(name)) for name in names}
-        inputs = {
-            name: {t.name: list(a.shape) for t, a in zip(oi.model_info(name).inputs, pool[0], strict=True)}
-            for name, pool in pools.items()
-        }
-        started = time.perf_counter()
-        with ThreadPoolExecutor(len(names), thread_name_prefix="bench") as feeders:
-            futures = [feeders.submit(drive, oi, n, pools[n], requests, on_done) for n in names]
-            for f in futures:
-                f.result()
+        drive_all(oi, pools, requests, on_done)
     oi.wait_all()
+    wall_s = time.perf_counter() - started
     return BenchReport(
         recipe=oi.recipe.name,
         backend=oi.recipe.backend,
         source=source,
         requested=requests,
-        wall_s=time.perf_counter() - started,
-        inputs=inputs,
+        wall_s=wall_s,
+        inputs=_shapes(oi, pools),
         workers=tuple(f"{m.name}#{i}" for m in oi.models for i in range(m.instances)),
         stats=oi.stats(),
         timeline=tuple(oi.metrics.timeline()),
@@ -252,8 +286,16 @@ def run_bench(
     requests: int = 1000,
     source: Source = "synthetic",
     on_done: OnDone | None = None,
+    dynamic_dim: int = DYNAMIC_DIM,
     acl_module: object | None = None,
 ) -> BenchReport:
     """`bench` on a fresh OfflineInference of `recipe`, closed afterwards."""
     with OfflineInference(recipe, acl_module=acl_module) as oi:
-        return bench(oi, models=models, requests=requests, source=source, on_done=on_done)
+        return bench(
+            oi,
+            models=models,
+            requests=requests,
+            source=source,
+            on_done=on_done,
+            dynamic_dim=dynamic_dim,
+        )

@@ -218,6 +218,11 @@ class ModelMetrics:
         with self._lock:
             return self._rings.values()
 
+    def batches(self) -> list[BatchTiming]:
+        """The recorded timeline, copied."""
+        with self._lock:
+            return list(self.timeline)
+
     def snapshot(self) -> tuple[ModelStats, dict[str, np.ndarray]]:
         with self._lock:
             samples = self._rings.values()
@@ -271,7 +276,7 @@ class Metrics:
 
     def timeline(self) -> list[BatchTiming]:
         """Every model's recorded batches, by the time a worker picked them up."""
-        batches = [b for m in self.models.values() for b in list(m.timeline)]
+        batches = [b for m in self.models.values() for b in m.batches()]
         return sorted(batches, key=lambda b: b.picked)
 
     def stats(self) -> Stats:

@@ -46,21 +46,26 @@ class Progress:
         self._closed = False
 
     def update(self, n: int = 1) -> None:
-        """`n` more units are done."""
+        """`n` more units are done; `update(0)` before the first unit restarts the clock (the
+        work starts now: loading models was not progress)."""
         with self._lock:
-            self.count += n
             now = time.perf_counter()
+            if n == 0 and self.count == 0:
+                self._started = now
+            self.count += n
             if self._live and not self._closed and now - self._drawn >= self._interval:
                 self._draw(now)
 
     def print(self, line: str, file: TextIO | None = None) -> None:
         """Print `line` (to stdout by default) without tearing the bar."""
         with self._lock:
-            if self._drawn:
+            shown = self._drawn
+            if shown:
                 self._stream.write("\r\x1b[K")
                 self._stream.flush()
-                self._drawn = 0.0
             print(line, file=file or sys.stdout, flush=self._live)
+            if shown:
+                self._draw(time.perf_counter())
 
     def close(self) -> None:
         """Clear the bar and write the summary line (once)."""
@@ -75,7 +80,7 @@ class Progress:
             self._stream.flush()
 
     def line(self, now: float) -> str:
-        """`label: count/total units in s (rate/s)`."""
+        """`label: count/total in s (rate/s)`."""
         seconds = now - self._started
         rate = self.count / seconds if seconds > 0 else 0.0
         done = f"{self.count}/{self.total}" if self.total else str(self.count)

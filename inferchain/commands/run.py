@@ -11,6 +11,7 @@ from typing import Any
 from inferchain.config import load_recipe
 from inferchain.errors import InferchainError
 from inferchain.offline import OfflineInference
+from inferchain.progress import Progress
 
 
 def register(sub: Any) -> None:
@@ -19,6 +20,8 @@ def register(sub: Any) -> None:
     run.add_argument("--input", action="append", type=Path, help="file or folder (repeatable)")
     run.add_argument("--output", type=Path, help="output folder (default out/<recipe name>)")
     run.add_argument("--limit", type=int, default=None, help="at most N items")
+    run.add_argument("--ray", action="store_true", help="on Ray Data: RAY_ADDRESS or a local Ray")
+    run.add_argument("--concurrency", type=int, default=1, help="with --ray: actors (default 1)")
     run.set_defaults(func=cmd_run)
 
 
@@ -37,6 +40,11 @@ def _inputs(paths: list[Path], oi: OfflineInference) -> list[Path]:
 def cmd_run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     out_dir = Path(args.output or Path("out") / recipe.name)
+    if args.ray:  # scale-out: the same recipe over a Ray dataset (docs/scale-out.md)
+        from inferchain.integrations.ray import run_recipe
+
+        level = getattr(args, "log_level", None)
+        return run_recipe(recipe, args.input, out_dir, args.concurrency, args.limit, level)
     with OfflineInference(recipe) as oi:
         sources = args.input or ([recipe.root / recipe.inputs] if recipe.inputs else [])
         if not sources:
@@ -52,18 +60,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             loaded[f] = pipeline.load(f)
             return loaded[f]
 
-        with (out_dir / "results.jsonl").open("w", encoding="utf-8") as sink:
+        progress = Progress(len(files), "run", summary=False)  # a bar on a TTY only
+        with (out_dir / "results.jsonl").open("w", encoding="utf-8") as sink, progress:
             results = oi.run((load(f) for f in files), on_error="return")
             for source, result in zip(files, results, strict=True):
                 if isinstance(result, Exception):
                     failed += 1
-                    print(f"{source.name}: ERROR {type(result).__name__}: {result}")
+                    progress.print(f"{source.name}: ERROR {type(result).__name__}: {result}")
                     record = {"file": str(source), "error": f"{type(result).__name__}: {result}"}
                 else:
-                    print(f"{source.name}: {pipeline.summary(result)}")
+                    progress.print(f"{source.name}: {pipeline.summary(result)}")
                     record = {"file": str(source), **pipeline.to_record(result)}
                     pipeline.save(source, loaded[source], result, out_dir)
                 loaded.pop(source, None)
+                progress.update()
                 sink.write(json.dumps(record, ensure_ascii=False) + "\n")
         seconds = time.perf_counter() - started
     rate = len(files) / seconds if seconds else 0.0

@@ -1,0 +1,122 @@
+"""`inferchain bench RECIPE`: throughput, batch sizes and latency percentiles per stage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from inferchain.bench import DYNAMIC_DIM, BenchReport, Source, run_bench
+from inferchain.config import load_recipe
+from inferchain.metrics import ModelStats, Percentiles
+from inferchain.progress import Progress
+from inferchain.table import render
+
+
+def register(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="benchmark a recipe's models (synthetic inputs)")
+    bench.add_argument("recipe", help="recipe folder or its YAML file")
+    bench.add_argument(
+        "--model", action="append", metavar="NAME", help="only this model (repeatable)"
+    )
+    bench.add_argument(
+        "--requests", type=int, default=1000, metavar="N", help="per model (default 1000)"
+    )
+    bench.add_argument(
+        "--dynamic-dim",
+        type=int,
+        metavar="D",
+        default=DYNAMIC_DIM,
+        help=f"size of dynamic dims in synthetic inputs (default {DYNAMIC_DIM})",
+    )
+    bench.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="run the recipe's inputs through its pipeline instead (times pre/post too)",
+    )
+    bench.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
+    bench.add_argument(
+        "--trace", type=Path, metavar="FILE", help="write a Chrome/Perfetto trace (JSON)"
+    )
+    bench.add_argument(
+        "--plot", type=Path, metavar="FILE", help="write latency/throughput/occupancy (PNG)"
+    )
+    bench.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    recipe = load_recipe(args.recipe)
+    source: Source = "pipeline" if args.pipeline else "synthetic"
+    models = args.model or [m.name for m in recipe.models]
+    total = args.requests * (1 if args.pipeline else len(models))
+    with Progress(total, "bench", summary=False) as progress:
+        report = run_bench(
+            recipe,
+            models=args.model,
+            requests=args.requests,
+            source=source,
+            on_done=progress.update,
+            dynamic_dim=args.dynamic_dim,
+        )
+    print(format_report(report), flush=True)
+    write_outputs(report, args)
+    return 0 if report.stats.errors == 0 else 1
+
+
+def write_outputs(report: BenchReport, args: argparse.Namespace) -> None:
+    """The --json, --trace and --plot files that were asked for."""
+    if args.json:
+        args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+        print(f"figures in {args.json}", file=sys.stderr)
+    if args.trace:
+        from inferchain.trace import write_trace
+
+        write_trace(args.trace, report.timeline, process=report.recipe, workers=report.workers)
+        print(f"trace in {args.trace} (open at ui.perfetto.dev)", file=sys.stderr)
+    if args.plot:
+        from inferchain.plot import plot_timeline
+
+        plot_timeline(
+            args.plot,
+            report.timeline,
+            report.latencies_s,
+            workers=report.workers,
+            title=f"{report.recipe}: {report.stats.throughput:.1f} items/s",
+        )
+        print(f"plot in {args.plot}", file=sys.stderr)
+
+
+def _stage_rows(stages: dict[str, Percentiles], e2e: Percentiles) -> list[list[object]]:
+    rows = [[name, p.count, p.mean, p.p50, p.p90, p.p95, p.p99] for name, p in stages.items()]
+    rows.append(["end_to_end", e2e.count, e2e.mean, e2e.p50, e2e.p90, e2e.p95, e2e.p99])
+    return rows
+
+
+def _model_row(m: ModelStats) -> list[object]:
+    sizes = ", ".join(f"{k}x{v}" for k, v in sorted(m.batch_sizes.items(), reverse=True))
+    return [m.name, m.requests, m.errors, m.batches, m.mean_batch_size, m.throughput, sizes]
+
+
+def format_report(report: BenchReport) -> str:
+    """The report as `inferchain bench` prints it."""
+    s = report.stats
+    what = "items through the pipeline" if report.source == "pipeline" else "requests per model"
+    lines = [
+        f"{report.recipe} on {report.backend}: {report.requested} {what} in {report.wall_s:.2f}s",
+        f"throughput {s.throughput:.1f} items/s; latency ms p50 {s.latency_ms.p50:.2f}  "
+        f"p90 {s.latency_ms.p90:.2f}  p95 {s.latency_ms.p95:.2f}  p99 {s.latency_ms.p99:.2f}",
+    ]
+    for model, shapes in report.inputs.items():
+        described = ", ".join(f"{k}{v}" for k, v in shapes.items())
+        lines.append(f"synthetic inputs of {model}: {described}")
+    headers = ["model", "done", "errors", "batches", "mean batch", "items/s", "batch sizes"]
+    lines += ["", render(headers, [_model_row(m) for m in s.models.values()])]
+    stage_headers = ["stage (ms)", "count", "mean", "p50", "p90", "p95", "p99"]
+    lines += ["", render(stage_headers, _stage_rows(dict(s.stages), s.latency_ms))]
+    if len(s.models) > 1:
+        for m in s.models.values():
+            lines += ["", f"{m.name}:"]
+            lines.append(render(stage_headers, _stage_rows(dict(m.stages), m.latency_ms), "  "))
+    return "\n".join(lines)

@@ -1,0 +1,26 @@
+"""`inferchain doctor [RECIPE]`: can this machine run inferchain (and this recipe)?"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from inferchain.config import load_recipe
+from inferchain.doctor import diagnose, exit_status, format_checks
+
+
+def register(sub: Any) -> None:
+    doctor = sub.add_parser("doctor", help="check runtimes, providers, CANN, driver, NPUs")
+    doctor.add_argument("recipe", nargs="?", help="also check that this recipe can run here")
+    doctor.add_argument("-v", "--verbose", action="store_true", help="show npu-smi's output")
+    doctor.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    recipe = load_recipe(args.recipe) if args.recipe else None
+    checks = diagnose(recipe)
+    print(format_checks(checks, verbose=args.verbose))
+    status = exit_status(checks)
+    if status:
+        print("\nthe recipe cannot run here (see FAIL above)")
+    return status

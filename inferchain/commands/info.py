@@ -1,0 +1,26 @@
+"""`inferchain info RECIPE|MODEL_FILE`: inputs, outputs and the memory budget table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from inferchain.info import describe_recipe, format_reports, recipe_for
+
+
+def register(sub: Any) -> None:
+    info = sub.add_parser("info", help="a recipe's or a model file's IO and memory table")
+    info.add_argument("target", help="recipe folder, its YAML file, or a .onnx / .om model")
+    info.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    info.set_defaults(func=cmd_info)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    reports = describe_recipe(recipe_for(args.target))
+    if args.json:
+        data = [{**r.info.to_dict(), "path": r.path, "memory": r.memory.to_dict()} for r in reports]
+        print(json.dumps(data, indent=2))
+    else:
+        print(format_reports(reports))
+    return 0

@@ -1,0 +1,177 @@
+"""The environment check (R23): runtimes, providers, CANN, driver, firmware and NPUs.
+
+`diagnose(recipe)` returns one `Check` per item, OK / WARN / MISSING / FAIL. MISSING is
+information (an Ascend toolkit is not needed on a CPU machine); FAIL means the given recipe
+cannot run here, and `exit_status` turns that into a non-zero exit. The probes are module
+attributes so tests can replace them.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import platform
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from inferchain.backends.probe import RuntimeProbe, probe_acl, probe_onnxruntime
+from inferchain.config import Recipe
+from inferchain.table import render
+
+ASCEND = Path("/usr/local/Ascend")  # CANN's default install root
+NPU_SMI = "npu-smi"
+NPU_SMI_TIMEOUT_S = 10.0
+_VERSION = re.compile(r"^\s*(?:\w+_)?version\s*[=:]\s*\[?([^\]\s:]+)", re.IGNORECASE | re.MULTILINE)
+
+
+class Status(enum.StrEnum):
+    """How one check came out."""
+
+    OK = "OK"
+    WARN = "WARN"  # works, but not as asked (e.g. a provider falls back to CPU)
+    MISSING = "MISSING"  # not on this machine; only a problem if a recipe needs it
+    FAIL = "FAIL"  # the recipe given cannot run here
+
+
+@attrs.frozen
+class Check:
+    """One line of the doctor's table."""
+
+    name: str
+    status: Status
+    detail: str
+    output: str = ""  # full text of a tool's output (npu-smi), shown with --verbose
+
+
+def read_version(path: Path) -> str | None:
+    """The version in a CANN `version.info` / `version.cfg` (`Version=...`, `x_version=[...]`)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    match = _VERSION.search(text)
+    if match:
+        return match.group(1)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return first or None
+
+
+def toolkit_roots() -> list[Path]:
+    """Where the CANN toolkit may be: $ASCEND_TOOLKIT_HOME, $ASCEND_HOME_PATH, the default."""
+    roots = [os.environ.get("ASCEND_TOOLKIT_HOME"), os.environ.get("ASCEND_HOME_PATH")]
+    found = [Path(r) for r in roots if r]
+    return [*found, ASCEND / "ascend-toolkit" / "latest"]
+
+
+def cann_check() -> Check:
+    """The CANN toolkit version from version.cfg or */version.info."""
+    for root in toolkit_roots():
+        for candidate in [root / "version.cfg", *sorted(root.glob("*/version.info"))]:
+            version = read_version(candidate) if candidate.is_file() else None
+            if version:
+                return Check("CANN toolkit", Status.OK, f"{version} ({candidate})")
+    where = ", ".join(str(r) for r in toolkit_roots())
+    return Check("CANN toolkit", Status.MISSING, f"no version.cfg or */version.info in {where}")
+
+
+def version_file_check(name: str, path: Path) -> Check:
+    """A component whose version sits in one file (driver, firmware)."""
+    version = read_version(path) if path.is_file() else None
+    if version is None:
+        return Check(name, Status.MISSING, f"no {path}")
+    return Check(name, Status.OK, f"{version} ({path})")
+
+
+def npu_smi_check() -> Check:
+    """`npu-smi info`, when the tool is on PATH (bounded by NPU_SMI_TIMEOUT_S)."""
+    tool = shutil.which(NPU_SMI)
+    if tool is None:
+        return Check("npu-smi", Status.MISSING, f"{NPU_SMI} is not on PATH")
+    try:
+        done = subprocess.run(
+            [tool, "info"], capture_output=True, text=True, timeout=NPU_SMI_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return Check("npu-smi", Status.WARN, f"`npu-smi info` timed out after {NPU_SMI_TIMEOUT_S}s")
+    except OSError as e:
+        return Check("npu-smi", Status.WARN, f"`npu-smi info` could not run: {e}")
+    if done.returncode != 0:
+        reason = (done.stderr or done.stdout).strip().splitlines()
+        detail = f"`npu-smi info` exited {done.returncode}: {reason[0] if reason else ''}"
+        return Check("npu-smi", Status.WARN, detail.strip(), done.stdout + done.stderr)
+    match = re.search(r"Version:\s*(\S+)", done.stdout)
+    detail = f"version {match.group(1)}" if match else "ran"
+    return Check("npu-smi", Status.OK, f"{detail} ({tool})", done.stdout)
+
+
+def runtime_checks(ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
+    """Python, numpy, onnxruntime and its providers, pyACL."""
+    checks = [
+        Check("python", Status.OK, f"{platform.python_version()} ({platform.machine()})"),
+        Check("numpy", Status.OK, np.__version__),
+    ]
+    if ort.available:
+        checks.append(Check("onnxruntime", Status.OK, ort.version or "?"))
+        checks.append(Check("providers", Status.OK, ", ".join(ort.providers)))
+    else:
+        checks.append(Check("onnxruntime", Status.MISSING, ort.detail))
+    checks.append(Check("pyACL", Status.OK if acl.available else Status.MISSING, acl.detail))
+    return checks
+
+
+def recipe_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
+    """Whether `recipe`'s backend, and each provider it asks for, can run here."""
+    name = f"recipe {recipe.name}"
+    if recipe.backend == "acl":
+        if not acl.available:
+            return [Check(name, Status.FAIL, "backend acl needs pyACL, which does not import")]
+        return [Check(name, Status.OK, "backend acl: pyACL imports")]
+    if not ort.available:
+        return [Check(name, Status.FAIL, "backend onnxruntime needs onnxruntime")]
+    checks = [Check(name, Status.OK, "backend onnxruntime")]
+    for entry in recipe.providers:
+        provider = entry if isinstance(entry, str) else next(iter(entry), "?")
+        if provider in ort.providers:
+            checks.append(Check(f"  {provider}", Status.OK, "available"))
+        else:
+            detail = "not in this onnxruntime build: runs on CPUExecutionProvider instead"
+            checks.append(Check(f"  {provider}", Status.WARN, detail))
+    return checks
+
+
+def diagnose(recipe: Recipe | None = None) -> list[Check]:
+    """Every check; with `recipe`, also whether it can run here."""
+    ort, acl = probe_onnxruntime(), probe_acl()
+    checks = runtime_checks(ort, acl)
+    checks += [
+        cann_check(),
+        version_file_check("Ascend driver", ASCEND / "driver" / "version.info"),
+        version_file_check("Ascend firmware", ASCEND / "firmware" / "version.info"),
+        npu_smi_check(),
+    ]
+    if recipe is not None:
+        checks += recipe_checks(recipe, ort, acl)
+    return checks
+
+
+def exit_status(checks: Sequence[Check]) -> int:
+    """1 when a check FAILed (the recipe cannot run here), else 0."""
+    return 1 if any(c.status is Status.FAIL for c in checks) else 0
+
+
+def format_checks(checks: Sequence[Check], verbose: bool = False) -> str:
+    """The table; with `verbose`, tools' full output below it."""
+    text = render(
+        ["check", "status", "detail"], [[c.name, c.status.value, c.detail] for c in checks]
+    )
+    if verbose:
+        for c in checks:
+            if c.output:
+                text += f"\n\n{c.name}:\n{c.output.rstrip()}"
+    return text

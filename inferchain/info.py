@@ -1,0 +1,120 @@
+"""What a recipe's models (or one model file) take and give, and the memory they need.
+
+Each model is loaded once on the calling thread through the recipe's backend, described,
+and released; nothing else starts, so the memory table is shown even for a model that
+`init()` would refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from inferchain.backends.base import make_backend
+from inferchain.config import Recipe, load_recipe
+from inferchain.errors import ConfigError
+from inferchain.memory import MemoryPlan, plan
+from inferchain.table import megabytes, render
+from inferchain.tensors import ModelInfo
+
+MODEL_SUFFIXES = {".onnx": "onnxruntime", ".om": "acl"}
+
+
+@attrs.frozen
+class ModelReport:
+    """One model: its IO description and its row of the memory budget table."""
+
+    info: ModelInfo
+    path: str
+    memory: MemoryPlan
+
+
+def recipe_for(target: str | Path) -> Recipe:
+    """A recipe folder or YAML file as it is; a bare `.onnx` / `.om` file as a one-model
+    recipe with the defaults (see `docs/recipes.md`)."""
+    path = Path(target)
+    backend = MODEL_SUFFIXES.get(path.suffix.lower())
+    if backend is None or path.is_dir():
+        return load_recipe(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: model file not found")
+    model = {"name": path.stem, "path": str(path.resolve())}
+    return Recipe.from_dict({"name": path.stem, "backend": backend, "models": [model]}, "", path)
+
+
+def describe_recipe(recipe: Recipe, *, acl_module: object | None = None) -> list[ModelReport]:
+    """Load each model once, describe it and plan its memory, then release it."""
+    backend = make_backend(recipe, acl_module=acl_module)
+    reports = []
+    try:
+        for model in recipe.models:
+            session = backend.load(model, recipe.device)
+            try:
+                info = ModelInfo(
+                    model.name,
+                    session.inputs,
+                    session.outputs,
+                    model.max_batch_size,
+                    model.instances,
+                    dict(session.metadata),
+                )
+                memory = plan(model, session.inputs, session.outputs)
+            finally:
+                session.close()
+            reports.append(ModelReport(info, model.path, memory))
+    finally:
+        backend.close()
+    return reports
+
+
+def format_io(reports: Sequence[ModelReport]) -> str:
+    """One row per input and output: model, kind, name, dtype, shape (? = dynamic)."""
+    rows: list[list[object]] = []
+    for r in reports:
+        for kind, descs in (("input", r.info.inputs), ("output", r.info.outputs)):
+            for t in descs:
+                shape = "[" + ", ".join("?" if d is None else str(d) for d in t.shape) + "]"
+                rows.append([r.info.name, kind, t.name, t.dtype.name, shape])
+    return render(["model", "io", "name", "dtype", "shape"], rows)
+
+
+def format_memory(reports: Sequence[ModelReport]) -> str:
+    """The memory budget table, in MiB; `fits` is what `init()` checks."""
+    rows: list[list[object]] = []
+    for r in reports:
+        m = r.memory
+        fits = (
+            "n/a"
+            if m.budget_bytes is None
+            else ("yes" if m.static_bytes <= m.budget_bytes else "NO")
+        )
+        buffers = megabytes(m.buffer_bytes)
+        rows.append(
+            [
+                m.model,
+                megabytes(m.model_bytes),
+                f"{buffers:.2f}+dyn" if m.dynamic and buffers is not None else buffers,
+                m.max_batch,
+                m.instances,
+                megabytes(m.static_bytes),
+                megabytes(m.budget_bytes),
+                fits,
+            ]
+        )
+    headers = ["model", "file MB", "buffers MB", "max batch", "instances", "static MB"]
+    return render([*headers, "budget MB", "fits"], rows)
+
+
+def format_reports(reports: Sequence[ModelReport]) -> str:
+    """Both tables, and each model's file and metadata keys."""
+    lines = [format_io(reports), "", format_memory(reports)]
+    lines.append("")
+    for r in reports:
+        keys = ", ".join(sorted(r.info.metadata)) or "none"
+        lines.append(f"{r.info.name}: {r.path} (metadata: {keys})")
+    lines.append("MB = MiB; buffers = input + output bytes for the max batch, one instance")
+    lines.append("(+dyn: dims known only at run time are not counted); static = (file + buffers)")
+    lines.append("x instances, which init() refuses when it exceeds memory_budget_mb")
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""Timeline traces: the batches each worker ran, as Chrome/Perfetto trace-event JSON.
+
+`{"traceEvents": [...]}` with one track (tid) per worker, named by metadata events, and one
+complete ("ph": "X") slice per batch, from a worker taking the batch to its outputs being
+delivered. Open it at ui.perfetto.dev or chrome://tracing. Times are microseconds from the
+first batch (or `origin`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from inferchain.metrics import BatchTiming
+
+PID = 1
+
+
+def _worker_order(name: str) -> tuple[str, int, str]:
+    """Sort "det#10" after "det#2": by model, then instance number."""
+    model, _, index = name.rpartition("#")
+    return (model, int(index), "") if index.isdigit() else (name, -1, name)
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * 1e6, 3)
+
+
+def _slice(batch: BatchTiming, tid: int, origin: float) -> dict[str, Any]:
+    start = _us(batch.picked - origin)
+    end = _us(batch.end - origin)  # rounded alone so that slices on a track never overlap
+    args: dict[str, Any] = {
+        "model": batch.model,
+        "worker": batch.worker,
+        "batch_size": batch.size,
+        "shape": [list(s) for s in batch.shape_key],
+        "ok": batch.ok,
+        "stack_ms": round((batch.run_start - batch.picked) * 1e3, 3),
+        "run_ms": round((batch.run_end - batch.run_start) * 1e3, 3),
+        "deliver_ms": round((batch.end - batch.run_end) * 1e3, 3),
+    }
+    args.update({f"{k}_ms": round(v * 1e3, 3) for k, v in batch.stages.items()})
+    return {
+        "name": f"{batch.model} x{batch.size}" + ("" if batch.ok else " (failed)"),
+        "cat": "batch" if batch.ok else "batch,error",
+        "ph": "X",
+        "pid": PID,
+        "tid": tid,
+        "ts": start,
+        "dur": max(end - start, 0.0),
+        "args": args,
+    }
+
+
+def _metadata(name: str, tid: int, value: object, key: str = "name") -> dict[str, Any]:
+    return {"name": name, "ph": "M", "pid": PID, "tid": tid, "args": {key: value}}
+
+
+def chrome_trace(
+    timeline: Iterable[BatchTiming],
+    *,
+    process: str = "inferchain",
+    workers: Sequence[str] = (),
+    origin: float | None = None,
+) -> dict[str, Any]:
+    """The trace of `timeline`; `workers` adds tracks for workers that ran no batch."""
+    batches = sorted(timeline, key=lambda b: b.picked)
+    names = sorted({*workers, *(b.worker for b in batches)}, key=_worker_order)
+    tids = {name: i + 1 for i, name in enumerate(names)}
+    if origin is None:
+        origin = batches[0].picked if batches else 0.0
+    events = [_metadata("process_name", 0, process)]
+    for name, tid in tids.items():
+        events.append(_metadata("thread_name", tid, name))
+        events.append(_metadata("thread_sort_index", tid, tid, key="sort_index"))
+    events.extend(_slice(b, tids[b.worker], origin) for b in batches)
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_trace(
+    path: str | Path,
+    timeline: Iterable[BatchTiming],
+    *,
+    process: str = "inferchain",
+    workers: Sequence[str] = (),
+) -> Path:
+    """Write `chrome_trace(...)` to `path` as JSON; returns the path."""
+    out = Path(path)
+    trace = chrome_trace(timeline, process=process, workers=workers)
+    out.write_text(json.dumps(trace, separators=(",", ":")), encoding="utf-8")
+    return out

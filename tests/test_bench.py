@@ -1,0 +1,257 @@
+"""`inferchain bench` and `inferchain.bench`: the JSON contract, plausible figures, stages."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import structlog
+
+import inferchain as ic
+from inferchain.bench import (
+    DYNAMIC_DIM,
+    TimedPipeline,
+    bench,
+    run_bench,
+    synthetic_items,
+)
+from inferchain.cli import main
+from inferchain.errors import InferchainError
+from inferchain.pipeline import PipelineDriver
+from inferchain.plot import plot_timeline
+from inferchain.progress import Progress
+from inferchain.testing.fake_acl import FakeAcl
+from inferchain.testing.models import write_image_model, write_mlp, write_mlp64
+
+RECIPE = """\
+name: tiny
+session_options: {intra_op_num_threads: 1}
+models:
+  - name: mlp
+    path: mlp64.onnx
+    instances: 2
+    max_batch_size: 8
+    max_queue_delay_ms: 1
+"""
+PIPELINE = '''\
+"""Doubles the item before the model; argmax after it."""
+import numpy as np
+from inferchain.pipeline import Pipeline
+
+
+class Doubling(Pipeline):
+    def process(self, item):
+        out = yield self.submit("mlp", item * 2)
+        return {"best": int(np.argmax(out["y"]))}
+'''
+
+
+@pytest.fixture
+def cli() -> Iterator[Callable[..., int]]:
+    """`inferchain ARGS...`, with the test suite's logging set up again afterwards."""
+    saved = structlog.get_config()
+    yield lambda *argv: main([str(a) for a in argv])
+    structlog.configure(**saved)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    """A recipe folder: the 64 -> 10 MLP, 2 workers, batches of up to 8."""
+    write_mlp64(tmp_path / "mlp64.onnx")
+    (tmp_path / "recipe.yaml").write_text(RECIPE, encoding="utf-8")
+    return tmp_path
+
+
+@pytest.fixture
+def tiny_pipeline(tiny: Path) -> Path:
+    """The tiny recipe with a pipeline and 5 .npy inputs."""
+    (tiny / "pipeline.py").write_text(PIPELINE, encoding="utf-8")
+    samples = tiny / "samples"
+    samples.mkdir()
+    for i in range(5):
+        np.save(samples / f"{i}.npy", np.full(64, i, np.float32))
+    extra = "pipeline: pipeline.py:Doubling\ninputs: samples/\n"
+    (tiny / "recipe.yaml").write_text(RECIPE + extra, encoding="utf-8")
+    return tiny
+
+
+def assert_plausible(figures: dict[str, float]) -> None:
+    assert figures["count"] > 0
+    assert 0 <= figures["p50"] <= figures["p90"] <= figures["p95"] <= figures["p99"]
+
+
+def test_json_has_the_contract_keys_and_plausible_numbers(
+    tiny: Path, tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    assert cli("bench", tiny, "--requests", 300, "--json", out) == 0
+    data = json.loads(out.read_text())
+    assert set(data) >= {"throughput", "latency_ms", "stages", "models"}
+    assert data["throughput"] > 0
+    assert_plausible(data["latency_ms"])
+    assert set(data["stages"]) >= {"queue", "batch_wait", "execute", "run"}
+    for figures in data["stages"].values():
+        assert_plausible(figures)
+    model = data["models"]["mlp"]
+    assert model["requests"] == 300 and model["errors"] == 0
+    assert sum(model["batch_sizes"].values()) == model["batches"]
+    assert sum(int(k) * v for k, v in model["batch_sizes"].items()) == 300
+    assert max(int(k) for k in model["batch_sizes"]) <= 8
+    assert data["bench"]["inputs"] == {"mlp": {"x": [64]}}
+    printed = capsys.readouterr().out
+    assert "items/s" in printed and "end_to_end" in printed and "batch_wait" in printed
+
+
+def test_stats_are_the_figures_bench_reports(tiny: Path) -> None:
+    """`oi.stats()` after a bench gives exactly what the report holds."""
+    with ic.OfflineInference(ic.load_recipe(tiny)) as oi:
+        report = bench(oi, requests=200)
+        stats = oi.stats()
+    assert report.stats == stats
+    assert report.to_dict()["models"] == stats.to_dict()["models"]
+    assert stats.batches == len(report.timeline)
+    assert report.latencies_s.size == 200
+
+
+def test_one_model_of_several_with_model(tiny: Path, two_io_path: Path) -> None:
+    recipe = ic.load_recipe(
+        tiny,
+        models=[{"name": "mlp", "path": "mlp64.onnx"}, {"name": "two", "path": str(two_io_path)}],
+    )
+    report = run_bench(recipe, models=["two"], requests=50)
+    assert report.stats.models["two"].requests == 50
+    assert report.stats.models["mlp"].requests == 0
+    assert report.inputs == {"two": {"x": [4], "scale": [1]}}
+
+
+def test_unknown_model_is_a_one_line_error(
+    tiny: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("bench", tiny, "--model", "nope", "--requests", 5) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("inferchain: error:") and "nope" in err[-1]
+
+
+def test_synthetic_items_fill_dynamic_dims_and_keep_dtypes(tmp_path: Path) -> None:
+    recipe = ic.Recipe.from_dict(
+        {
+            "name": "t",
+            "models": [
+                {"name": "image", "path": str(write_image_model(tmp_path / "i.onnx"))},
+                {"name": "whole", "path": str(write_mlp(tmp_path / "m.onnx")), "max_batch_size": 0},
+            ],
+        }
+    )
+    with ic.OfflineInference(recipe) as oi:
+        (image,) = synthetic_items(oi.model_info("image"), 3)[0]
+        x, scale = synthetic_items(oi.model_info("whole"), 3)[0]
+        oi.infer("image", image)
+        oi.infer("whole", (x, scale))
+    assert image.shape == (3, DYNAMIC_DIM, DYNAMIC_DIM) and image.dtype == np.float32
+    assert image.min() >= 0 and image.max() < 1
+    assert x.shape == (1, 4) and scale.shape == (1, 1)  # a non-batching model's own dims
+
+
+def test_acl_backend_reports_h2d_compute_d2h(mlp_path: Path, tmp_path: Path) -> None:
+    recipe = ic.Recipe.from_dict(
+        {"name": "t", "backend": "acl", "models": [{"name": "m", "path": str(mlp_path)}]}
+    )
+    fake = FakeAcl(static_batch=8)
+    report = run_bench(recipe, requests=100, acl_module=fake)
+    for where in (report.stats.stages, report.stats.models["m"].stages):
+        for stage in ("h2d", "compute", "d2h"):
+            assert where[stage].count == 100
+            assert where[stage].p50 <= where["run"].p99
+    assert all(set(b.stages) == {"h2d", "compute", "d2h"} for b in report.timeline)
+    assert all(v == 0 for v in fake.live_handles().values())
+
+
+def test_pipeline_source_times_pre_and_post(tiny_pipeline: Path, tmp_path: Path) -> None:
+    report = run_bench(ic.load_recipe(tiny_pipeline), requests=23, source="pipeline")
+    stages = report.stats.stages
+    assert stages["pre"].count == 23 and stages["post"].count == 23
+    assert report.stats.models["mlp"].requests == 23
+    assert report.to_dict()["bench"]["source"] == "pipeline"  # type: ignore[index]
+
+
+def test_pipeline_source_without_inputs_is_refused(tiny: Path) -> None:
+    with pytest.raises(ic.ConfigError, match="inputs"):
+        run_bench(ic.load_recipe(tiny), requests=5, source="pipeline")
+
+
+def test_trace_and_plot_files(
+    tiny: Path, tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    trace, plot = tmp_path / "t.json", tmp_path / "p.png"
+    assert cli("bench", tiny, "--requests", 100, "--trace", trace, "--plot", plot) == 0
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "ui.perfetto.dev" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    monkeypatch.delitem(sys.modules, "matplotlib.figure", raising=False)
+    monkeypatch.delitem(sys.modules, "matplotlib.backends.backend_agg", raising=False)
+    with pytest.raises(InferchainError, match=r"inferchain\[plot\]"):
+        plot_timeline(tmp_path / "p.png", [], np.empty(0))
+
+
+def test_progress_off_a_terminal_is_one_summary_line() -> None:
+    stream = io.StringIO()
+    with Progress(10, "bench", stream=stream, interactive=False) as progress:
+        for _ in range(10):
+            progress.update()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench: 10/10 in")
+
+
+def test_progress_on_a_terminal_draws_a_bar_and_clears_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    stream = io.StringIO()
+    progress = Progress(4, "run", stream=stream, interactive=True, summary=False, interval=0)
+    progress.update(2)
+    assert "[" + "#" * 12 + "." * 12 + "]" in stream.getvalue()
+    progress.print("item line")
+    progress.close()
+    assert capsys.readouterr().out == "item line\n"
+    assert stream.getvalue().endswith("\r\x1b[K")  # nothing left on the line
+
+
+class Flaky(ic.Pipeline):
+    """Cancels every other request it makes (the error is thrown into `process`) and fails
+    every third item after its outputs came back."""
+
+    def process(self, item: Any) -> Any:
+        index = int(item[0])
+        request = self.submit("mlp", item)
+        if index % 2:
+            request.cancel()
+        try:
+            yield request
+        except ic.RequestCancelled:
+            return "cancelled"
+        if index % 3 == 0:
+            raise ValueError(f"item {index}")
+        return "ran"
+
+
+def test_timed_pipeline_passes_errors_through_and_times_every_item(tiny: Path) -> None:
+    items = [np.full(64, i, np.float32) for i in range(30)]
+    with ic.OfflineInference(ic.load_recipe(tiny)) as oi:
+        driver = PipelineDriver(TimedPipeline(Flaky(oi)), on_error="return")
+        results = list(driver.run(items))
+        stats = oi.stats()
+    assert [type(r) for r in results[::6]] == [ValueError] * 5
+    assert set(map(str, results)) <= {"ran", "cancelled", *(f"item {i}" for i in range(0, 30, 3))}
+    assert stats.stages["pre"].count == stats.stages["post"].count == 30

@@ -1,0 +1,229 @@
+"""`inferchain info` (IO and memory tables), the memory refusal at init, `inferchain doctor`."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+import inferchain as ic
+from inferchain import doctor
+from inferchain.backends.probe import RuntimeProbe
+from inferchain.cli import main
+from inferchain.doctor import Status, read_version
+from inferchain.info import describe_recipe, recipe_for
+from inferchain.testing.fake_acl import FakeAcl
+from inferchain.testing.models import write_mlp64
+
+CPU_ONLY = RuntimeProbe("onnxruntime", True, "1.0", "CPU", ("CPUExecutionProvider",))
+WITH_CUDA = RuntimeProbe(
+    "onnxruntime", True, "1.0", "", ("CUDAExecutionProvider", "CPUExecutionProvider")
+)
+NO_ACL = RuntimeProbe("pyACL", False, detail="No module named 'acl'")
+ACL = RuntimeProbe("pyACL", True, detail="/opt/acl.so")
+
+
+@pytest.fixture
+def cli() -> Iterator[Callable[..., int]]:
+    """`inferchain ARGS...`, with the test suite's logging set up again afterwards."""
+    saved = structlog.get_config()
+    yield lambda *argv: main([str(a) for a in argv])
+    structlog.configure(**saved)
+
+
+def write_recipe(folder: Path, backend: str = "onnxruntime", **model: object) -> Path:
+    write_mlp64(folder / "mlp64.onnx")
+    lines = [f"name: tiny\nbackend: {backend}\nmodels:\n  - name: mlp\n    path: mlp64.onnx"]
+    lines += [f"    {k}: {v}" for k, v in model.items()]
+    (folder / "recipe.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+# -- info -----------------------------------------------------------------------------------
+
+
+def test_info_prints_the_io_table_and_the_memory_table(
+    tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = write_recipe(tmp_path, max_batch_size=16, instances=2, memory_budget_mb=64)
+    assert cli("info", recipe) == 0
+    out = capsys.readouterr().out
+    assert "mlp    input   x     float32  [?, 64]" in out
+    assert "mlp    output  y     float32  [?, 10]" in out
+    header = next(line for line in out.splitlines() if line.startswith("model  file MB"))
+    assert "max batch" in header and "budget MB" in header
+    row = next(line for line in out.splitlines() if line.startswith("mlp ") and "yes" in line)
+    static = (os.path.getsize(recipe / "mlp64.onnx") + 16 * (64 + 10) * 4) * 2 / 2**20
+    assert row.split()[3:6] == ["16", "2", f"{static:.2f}"]  # max batch, instances, static MB
+    assert "64.00" in row
+
+
+def test_info_on_a_bare_model_file_uses_the_defaults(
+    tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_mlp64(tmp_path / "net.onnx")
+    assert cli("info", model) == 0
+    out = capsys.readouterr().out
+    assert "net    input   x     float32  [?, 64]" in out
+    assert "net       0.01        0.00          8          1" in out  # max batch 8, 1 instance
+
+
+def test_info_on_a_missing_model_file_is_a_one_line_error(
+    tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("info", tmp_path / "absent.onnx") == 2
+    assert capsys.readouterr().err.strip().endswith("model file not found")
+
+
+def test_info_through_acl_shows_the_compiled_batch(tmp_path: Path) -> None:
+    recipe = recipe_for(write_recipe(tmp_path, backend="acl", max_batch_size=4))
+    fake = FakeAcl(static_batch=4)
+    (report,) = describe_recipe(recipe, acl_module=fake)
+    assert report.info.inputs[0].shape == (4, 64)
+    assert report.memory.buffer_bytes == 4 * (64 + 10) * 4
+    assert all(v == 0 for v in fake.live_handles().values())
+
+
+def test_over_budget_init_refuses_but_info_still_shows_the_table(
+    tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = write_recipe(tmp_path, max_batch_size=64, memory_budget_mb=0.01)
+    with pytest.raises(ic.ConfigError, match=r"model 'mlp' needs .* memory_budget_mb is 0\.0"):
+        ic.OfflineInference(ic.load_recipe(recipe)).init()
+    assert cli("info", recipe) == 0
+    assert " NO" in capsys.readouterr().out
+
+
+# -- doctor ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A pretend Ascend host under tmp_path: no runtimes found until a test says so."""
+    root = tmp_path / "Ascend"
+    monkeypatch.setattr(doctor, "ASCEND", root)
+    monkeypatch.setattr(doctor, "NPU_SMI", str(tmp_path / "no-npu-smi"))
+    monkeypatch.setattr(doctor, "probe_onnxruntime", lambda: CPU_ONLY)
+    monkeypatch.setattr(doctor, "probe_acl", lambda: NO_ACL)
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
+    monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
+    return root
+
+
+def fake_tool(path: Path, script: str) -> str:
+    path.write_text("#!/bin/sh\n" + script + "\n", encoding="utf-8")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def statuses(checks: list[doctor.Check]) -> dict[str, Status]:
+    return {c.name.strip(): c.status for c in checks}
+
+
+def test_doctor_without_a_recipe_reports_and_exits_0(
+    machine: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("doctor") == 0
+    out = capsys.readouterr().out
+    for name in ("python", "numpy", "onnxruntime", "providers", "pyACL", "CANN toolkit"):
+        assert name in out
+    assert statuses(doctor.diagnose()) == {
+        "python": Status.OK,
+        "numpy": Status.OK,
+        "onnxruntime": Status.OK,
+        "providers": Status.OK,
+        "pyACL": Status.MISSING,
+        "CANN toolkit": Status.MISSING,
+        "Ascend driver": Status.MISSING,
+        "Ascend firmware": Status.MISSING,
+        "npu-smi": Status.MISSING,
+    }
+
+
+def test_doctor_fails_an_acl_recipe_without_pyacl(
+    machine: Path, tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("doctor", write_recipe(tmp_path, "acl")) == 1
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("recipe tiny")]
+    assert line.split()[2] == "FAIL" and "needs pyACL" in line
+
+
+def test_doctor_passes_an_acl_recipe_with_pyacl(
+    machine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(doctor, "probe_acl", lambda: ACL)
+    checks = doctor.diagnose(ic.load_recipe(write_recipe(tmp_path, "acl")))
+    assert statuses(checks)["recipe tiny"] is Status.OK
+    assert doctor.exit_status(checks) == 0
+
+
+def test_an_unavailable_provider_is_a_warning_not_a_failure(
+    machine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = ic.load_recipe(write_recipe(tmp_path), providers=["CUDAExecutionProvider"])
+    checks = statuses(doctor.diagnose(recipe))
+    assert checks["CUDAExecutionProvider"] is Status.WARN
+    assert doctor.exit_status(doctor.diagnose(recipe)) == 0
+    monkeypatch.setattr(doctor, "probe_onnxruntime", lambda: WITH_CUDA)
+    assert statuses(doctor.diagnose(recipe))["CUDAExecutionProvider"] is Status.OK
+
+
+def test_doctor_fails_an_onnxruntime_recipe_without_onnxruntime(
+    machine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(doctor, "probe_onnxruntime", lambda: RuntimeProbe("onnxruntime", False))
+    checks = doctor.diagnose(ic.load_recipe(write_recipe(tmp_path)))
+    assert statuses(checks)["onnxruntime"] is Status.MISSING
+    assert doctor.exit_status(checks) == 1
+
+
+def test_cann_driver_and_firmware_versions_are_read_from_their_files(machine: Path) -> None:
+    toolkit = machine / "ascend-toolkit" / "latest"
+    (toolkit / "runtime").mkdir(parents=True)
+    (toolkit / "runtime" / "version.info").write_text("Version=7.0.RC1\n")
+    (machine / "driver").mkdir()
+    (machine / "driver" / "version.info").write_text("Version=23.0.rc3\nascendhal_version=7.35\n")
+    checks = {c.name: c for c in doctor.diagnose()}
+    assert checks["CANN toolkit"].status is Status.OK
+    assert checks["CANN toolkit"].detail.startswith("7.0.RC1")
+    assert checks["Ascend driver"].detail.startswith("23.0.rc3")
+    assert checks["Ascend firmware"].status is Status.MISSING
+    (toolkit / "version.cfg").write_text("# comment\nruntime_running_version=[8.0.0:8.0.RC2]\n")
+    assert doctor.cann_check().detail.startswith("8.0.0 (")
+
+
+def test_read_version_formats(tmp_path: Path) -> None:
+    f = tmp_path / "v"
+    for text, expected in [
+        ("Version=7.0.RC1\n", "7.0.RC1"),
+        ("package_name=x\nversion=6.3.0\n", "6.3.0"),
+        ("runtime_running_version=[7.0.0.5.242:7.0.RC1]\n", "7.0.0.5.242"),
+        ("23.0.3\n", "23.0.3"),
+    ]:
+        f.write_text(text)
+        assert read_version(f) == expected
+    assert read_version(tmp_path / "absent") is None
+
+
+def test_npu_smi_is_run_with_a_timeout(
+    machine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ok = fake_tool(tmp_path / "npu-smi-ok", 'echo "| npu-smi 23.0.rc3   Version: 23.0.rc3 |"')
+    monkeypatch.setattr(doctor, "NPU_SMI", ok)
+    check = doctor.npu_smi_check()
+    assert check.status is Status.OK and check.detail.startswith("version 23.0.rc3")
+    assert "npu-smi 23.0.rc3" in doctor.format_checks([check], verbose=True)
+    monkeypatch.setattr(
+        doctor, "NPU_SMI", fake_tool(tmp_path / "npu-smi-bad", "echo no driver >&2; exit 3")
+    )
+    check = doctor.npu_smi_check()
+    assert check.status is Status.WARN and "exited 3: no driver" in check.detail
+    monkeypatch.setattr(doctor, "NPU_SMI", fake_tool(tmp_path / "npu-smi-hang", "exec sleep 30"))
+    monkeypatch.setattr(doctor, "NPU_SMI_TIMEOUT_S", 0.2)
+    check = doctor.npu_smi_check()
+    assert check.status is Status.WARN and "timed out" in check.detail
