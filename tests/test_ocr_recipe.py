@@ -20,6 +20,10 @@ SAMPLES = sorted((RECIPE / "samples").glob("*.png"))
 rapidocr = pytest.importorskip("rapidocr_onnxruntime")
 
 
+def texts(results: list[Any]) -> list[list[str]]:
+    return [[line["text"] for line in page] for page in results]
+
+
 @pytest.fixture(scope="module")
 def pages() -> list[np.ndarray]:
     return [read_image(p) for p in SAMPLES]
@@ -33,8 +37,12 @@ def oi() -> Iterator[ic.OfflineInference]:
 
 @pytest.fixture(scope="module")
 def expected(pages: list[np.ndarray]) -> list[list[Any]]:
-    """RapidOCR's `[box, text, score]` lines per page, on the same BGR arrays."""
-    engine = rapidocr.RapidOCR()
+    """RapidOCR's `[box, text, score]` lines per page, on the same BGR arrays.
+
+    One thread per session, like the recipe: the outputs do not depend on it, and a 2-core
+    machine shared with other jobs runs it far more steadily than a spinning thread pool.
+    """
+    engine = rapidocr.RapidOCR(intra_op_num_threads=1, inter_op_num_threads=1)
     return [engine(page)[0] or [] for page in pages]
 
 
@@ -80,15 +88,23 @@ def test_samples_exercise_rotated_and_upside_down_lines(
 
 
 def test_rec_requests_of_several_pages_share_batches(
-    oi: ic.OfflineInference, pages: list[np.ndarray], together: tuple[list[Any], int]
+    oi: ic.OfflineInference, together: tuple[list[Any], int]
 ) -> None:
-    """Pages one at a time need more rec batches than the same pages in flight together."""
-    lines_together, batches_together = together
-    lines_alone = list(oi.run(pages, max_in_flight=1))
-    batches_alone = oi.stats().models["rec"].batches - batches_together
-    assert lines_alone == lines_together
-    assert batches_together < batches_alone
+    """Crops of different pages padded to the same width batch together.
+
+    The shipped recipe keeps CPU batches small; with room for 16 rows and one rec worker the
+    second copy of a page needs no batches of its own: its crops join the first copy's.
+    """
     assert max(oi.stats().models["rec"].batch_sizes) > 1
+    table = read_image(RECIPE / "samples" / "06_table.png")
+    recipe = ic.load_recipe(RECIPE, models={"rec": {"instances": 1, "max_batch_size": 16}})
+    with ic.OfflineInference(recipe) as wide:
+        alone = [list(wide.run([table])) for _ in range(2)]
+        batches_alone = wide.stats().models["rec"].batches
+        both = list(wide.run([table, table], max_in_flight=2))
+        batches_both = wide.stats().models["rec"].batches - batches_alone
+    assert texts(both) == texts([alone[0][0], alone[1][0]])
+    assert batches_both < batches_alone
 
 
 def test_blank_and_gray_pages_give_no_lines(oi: ic.OfflineInference) -> None:
