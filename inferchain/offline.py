@@ -147,8 +147,9 @@ class OfflineInference:
                 w.prepare(self._shapes[model.name], warm=model.warmup)
 
     def _wake(self) -> None:
+        """A worker became idle or healthy again: schedule now, on its thread if possible."""
         if self._scheduler is not None:
-            self._scheduler.wake()
+            self._scheduler.poke()
 
     def close(self, drain_timeout: float | None = None) -> None:
         """Stop intake, drain (bounded), cancel the rest, join every thread, release models.

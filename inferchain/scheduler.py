@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import itertools
 import queue
 import threading
 import time
@@ -36,7 +35,7 @@ class ModelQueue:
         self.name = model.name
         self.num_slots = model.num_slots  # READY + RUNNING requests allowed at once
         self.budget_bytes = budget_bytes  # input bytes of admitted requests; None = no limit
-        self.heap: list[tuple[float, int, Request]] = []  # (key, seq, request)
+        self.heap: list[tuple[float, int, Request]] = []  # (key, request id, request)
         self.num_admitted = 0  # requests holding a slot (READY or RUNNING)
         self.admitted_bytes = 0  # input bytes of those requests
 
@@ -60,8 +59,10 @@ class ModelQueue:
 class Scheduler:
     """Owns the waiting queues, slots, dependencies and deadlines; drives the engine.
 
-    Thread-safe entry points: `submit`, `notify_finished` (the Request terminal hook) and
-    `wake`. Everything else runs on the scheduler thread.
+    Thread-safe entry points: `submit`, `notify_finished` (the Request terminal hook),
+    `wake` and `poke`. The scheduling state is touched only inside a pass (`run_once`), which
+    holds `_pass_lock`: usually on the scheduler thread, or on the thread that just submitted
+    or finished work when no pass is running (`poke`).
     """
 
     def __init__(
@@ -83,8 +84,8 @@ class Scheduler:
         # Wake-ups are tokens in a C-level queue: much cheaper to wake than a Condition.
         self._wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._wake_pending = False
+        self._pass_lock = threading.Lock()  # one scheduling pass at a time, on any thread
         self._num_waiting = 0  # submitted and not yet admitted nor finished
-        self._seq = itertools.count()
         self._blocked: dict[int, list[Request]] = {}  # dependency id -> dependents
         self._num_deps: dict[int, int] = {}  # dependent id -> dependencies not yet DONE
         self._deadlines: list[tuple[float, int, Request]] = []
@@ -122,7 +123,7 @@ class Scheduler:
                     raise QueueFull(f"waiting queue still full after {timeout}s")
             self._num_waiting += n
         self._inbox.extend(requests)
-        self.wake()
+        self.poke()
 
     def notify_finished(self, request: Request) -> None:
         """Terminal hook of every Request: release what it held (any thread)."""
@@ -160,11 +161,28 @@ class Scheduler:
                 timeout = self._config.interval_ms / 1000.0
 
     def run_once(self) -> float:
-        """One pass of the loop: take new and finished requests, expire, admit, dispatch.
+        """One pass: take new and finished requests, expire, admit, dispatch.
 
-        Runs on the scheduler thread; tests call it directly on a scheduler never started.
-        Returns how long the loop may sleep before the next pass (seconds).
+        The scheduler thread runs it on every wake-up; `poke()` lets the thread that just
+        submitted or finished work run it instead, one thread hop less. Passes never overlap
+        (`_pass_lock`). Returns how long the loop may sleep before the next pass (seconds).
         """
+        with self._pass_lock:
+            return self._pass()
+
+    def poke(self) -> None:
+        """Run a pass on this thread if none is running, else wake the scheduler thread."""
+        if self._pass_lock.acquire(blocking=False):
+            try:
+                self._pass()
+            finally:
+                self._pass_lock.release()
+            if self._inbox or self._finished:
+                self.wake()  # arrived while the pass ran
+        else:
+            self.wake()
+
+    def _pass(self) -> float:
         self._wake_pending = False  # before draining: a later append wakes the loop again
         inbox = self._inbox
         taken = [inbox.popleft() for _ in range(len(inbox))]
@@ -206,7 +224,8 @@ class Scheduler:
         key = -float(request.priority)
         if aging is not None:
             key += request.stamp(RequestState.WAITING) / aging  # type: ignore[operator]
-        heapq.heappush(self._queues[request.model].heap, (key, next(self._seq), request))
+        # ties go by id: FIFO in submission order, also for a dependent pushed late
+        heapq.heappush(self._queues[request.model].heap, (key, request.id, request))
 
     def _fail_dependent(self, request: Request, dep: Request) -> None:
         request.try_transition(

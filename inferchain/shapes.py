@@ -213,14 +213,11 @@ class ShapePolicy:
 def stack_rows(view: np.ndarray, rows: Sequence[np.ndarray], pad_value: float) -> None:
     """Copy item arrays into the rows of `view` (a batch buffer), padding smaller items."""
     item = view.shape[1:]
-    padded = False
     for i, row in enumerate(rows):
         if row.shape == item:
             view[i] = row
         else:
-            if not padded:
-                view.fill(pad_value)
-                padded = True
+            view[i].fill(pad_value)
             index: tuple[int | slice, ...] = (i, *(slice(0, d) for d in row.shape))
             view[index] = row
 

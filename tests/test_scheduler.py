@@ -234,7 +234,9 @@ def test_deadline_times_out_a_waiting_request() -> None:
 
 
 def test_queue_full_without_blocking() -> None:
-    scheduler, _ = create_scheduler({"a": 1}, max_queue_size=2)
+    scheduler, engine = create_scheduler({"a": 1}, max_queue_size=2)
     scheduler.submit([create_request(scheduler, 1), create_request(scheduler, 2)])
+    assert [r.id for r in engine.handed] == [1]  # the submitting thread ran a pass (poke)
+    scheduler.submit([create_request(scheduler, 3)])
     with pytest.raises(QueueFull, match="2/2"):
-        scheduler.submit([create_request(scheduler, 3)], block=False)
+        scheduler.submit([create_request(scheduler, 4)], block=False)
