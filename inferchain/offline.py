@@ -32,6 +32,7 @@ from inferchain.worker import ModelWorker
 log = structlog.get_logger(__name__)
 
 _Phase = Literal["new", "running", "closing", "closed"]
+_FAILED_KEPT = 65536  # failed requests remembered for depends_on by id
 
 
 class OfflineInference:
@@ -56,7 +57,7 @@ class OfflineInference:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._live: dict[int, Request] = {}  # submitted, not yet terminal
-        self._failed: dict[int, Request] = {}  # ended without outputs, for depends_on by id
+        self._failed: dict[int, Request] = {}  # the latest that ended without outputs, by id
         self._outstanding = 0  # submitted, not yet terminal
         self._drained = threading.Condition(self._lock)
         self._workers: dict[str, list[ModelWorker]] = {}
@@ -329,8 +330,11 @@ class OfflineInference:
     def _finished(self, request: Request) -> None:
         """Terminal hook of every Request (runs on the finishing thread)."""
         self._live.pop(request.id, None)
-        if request.outputs is None:
-            self._failed[request.id] = request
+        if request.outputs is None:  # remembered so that depends_on=[id] fails later too
+            failed = self._failed
+            failed[request.id] = request
+            if len(failed) > _FAILED_KEPT:
+                failed.pop(next(iter(failed)), None)
         scheduler = self._scheduler
         if scheduler is not None:
             scheduler.notify_finished(request)
