@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -55,6 +56,7 @@ class OfflineInference:
         self._backend = backend
         self._phase: _Phase = "new"
         self._lock = threading.Lock()
+        self._local = threading.local()  # per thread: inside a worker's _finishing()?
         self._ids = itertools.count(1)
         self._live: dict[int, Request] = {}  # submitted, not yet terminal
         self._failed: dict[int, Request] = {}  # the latest that ended without outputs, by id
@@ -115,7 +117,9 @@ class OfflineInference:
         for model in self.recipe.models:
             recorder = self.metrics.models[model.name]
             self._workers[model.name] = [
-                ModelWorker(model, i, backend, self.recipe.device, recorder, self._wake)
+                ModelWorker(
+                    model, i, backend, self.recipe.device, recorder, self._wake, self._finishing
+                )
                 for i in range(model.instances)
             ]
         for workers in self._workers.values():
@@ -146,6 +150,17 @@ class OfflineInference:
         for model in self.recipe.models:  # warm-up runs on every worker thread at once
             for w in self._workers[model.name]:
                 w.prepare(self._shapes[model.name], warm=model.warmup)
+
+    @contextlib.contextmanager
+    def _finishing(self) -> Iterator[None]:
+        """A worker finishing a batch: terminal hooks only queue; one pass at the end."""
+        local = self._local
+        local.deferred = True
+        try:
+            yield
+        finally:
+            local.deferred = False
+            self._wake()
 
     def _wake(self) -> None:
         """A worker became idle or healthy again: schedule now, on its thread if possible."""
@@ -337,7 +352,7 @@ class OfflineInference:
                 failed.pop(next(iter(failed)), None)
         scheduler = self._scheduler
         if scheduler is not None:
-            scheduler.notify_finished(request)
+            scheduler.notify_finished(request, wake=not getattr(self._local, "deferred", False))
         with self._lock:
             self._outstanding -= 1
             if self._outstanding == 0:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 import attrs
 import numpy as np
@@ -56,7 +57,11 @@ class ModelWorker:
         device: int,
         metrics: ModelMetrics,
         on_idle: Callable[[], None],
+        finishing: Callable[[], AbstractContextManager[None]],
     ) -> None:
+        """`on_idle()` tells the scheduler the worker can take work again; inside
+        `finishing()` the requests' terminal hooks only queue, and leaving it runs one
+        scheduling pass for the whole batch."""
         self.model = model
         self.name = f"{model.name}#{index}"
         self.busy = False  # set by the engine on dispatch, cleared here when the run returns
@@ -68,6 +73,7 @@ class ModelWorker:
         self._device = device
         self._metrics = metrics
         self._on_idle = on_idle
+        self._finishing = finishing
         self._batching = model.max_batch_size > 0
         self._queue: queue.SimpleQueue[Batch | _Prepare | None] = queue.SimpleQueue()
         self.shapes: ShapePolicy | None = None  # set by prepare(), before the first batch
@@ -227,16 +233,18 @@ class ModelWorker:
             unhealthy = self.consecutive_failures >= self.model.health.max_failures
             if unhealthy or not isinstance(e, Exception):
                 self.healthy = False  # before the engine hears we are idle
-            self._finish_idle()
-            self._fail(requests, e, self._timing(batch, picked, ok=False))
+            with self._finishing():
+                self._fail(requests, e, self._timing(batch, picked, ok=False))
+                self.busy = False
             if not isinstance(e, Exception):
                 raise  # the thread dies; _main fails whatever is still queued
             if unhealthy:
                 self._recover()
         else:
             self.consecutive_failures = 0
-            self._finish_idle()
-            self._deliver(requests, outputs, self._timing(batch, picked, ok=True))
+            with self._finishing():  # the requests' hooks only queue; one pass at the end
+                self._deliver(requests, outputs, self._timing(batch, picked, ok=True))
+                self.busy = False
         finally:
             self._batch_finished()
 
@@ -300,10 +308,6 @@ class ModelWorker:
             end=time.perf_counter(),
             stages=dict(stages) if stages else {},
         )
-
-    def _finish_idle(self) -> None:
-        self.busy = False
-        self._on_idle()
 
     def _deliver(
         self, requests: Sequence[Request], outputs: Sequence[np.ndarray], timing: BatchTiming
