@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -16,19 +14,20 @@ from typing import Any, Literal, Self
 import structlog
 
 from inferchain.backends.base import Backend, make_backend
+from inferchain.callbacks import CallbackThread
 from inferchain.config import ModelConfig, Recipe, load_recipe
 from inferchain.engine import ExecutionEngine
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.inputs import InputSpec
-from inferchain.logs import log_safely
-from inferchain.memory import MemoryPlan, plan
+from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
+from inferchain.models import LoadedModel, all_workers, load_models, stop_workers
 from inferchain.pipeline import Pipeline, PipelineDriver, load_pipeline
 from inferchain.request import Callback, Outputs, Request, RequestState
 from inferchain.scheduler import Scheduler
 from inferchain.shapes import ShapePolicy
+from inferchain.streaming import stream
 from inferchain.tensors import ModelInfo
-from inferchain.worker import ModelWorker
 
 log = structlog.get_logger(__name__)
 
@@ -62,13 +61,8 @@ class OfflineInference:
         self._failed: dict[int, Request] = {}  # the latest that ended without outputs, by id
         self._outstanding = 0  # submitted, not yet terminal
         self._drained = threading.Condition(self._lock)
-        self._workers: dict[str, list[ModelWorker]] = {}
-        self._specs: dict[str, InputSpec] = {}
-        self._shapes: dict[str, ShapePolicy] = {}
-        self._infos: dict[str, ModelInfo] = {}
-        self.memory: dict[str, MemoryPlan] = {}  # the memory budget table, after init()
-        self._callbacks: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
-        self._callback_thread: threading.Thread | None = None
+        self._models: dict[str, LoadedModel] = {}  # after init()
+        self._callbacks = CallbackThread()
         self._scheduler: Scheduler | None = None
         self._pipeline: Pipeline | None = None
         self.metrics = Metrics(m.name for m in self.recipe.models)
@@ -83,13 +77,16 @@ class OfflineInference:
         backend = self._backend or make_backend(self.recipe, acl_module=self._acl_module)
         self._backend = backend
         try:
-            self._start_workers(backend)
+            self._models = load_models(
+                self.recipe, backend, self.metrics, self._wake, self._finishing
+            )
         except BaseException:
-            self._stop_workers()
             backend.close()
             self._phase = "closed"
             raise
-        engine = ExecutionEngine(self.recipe.models, self._workers)
+        engine = ExecutionEngine(
+            self.recipe.models, {name: m.workers for name, m in self._models.items()}
+        )
         self._scheduler = Scheduler(
             self.recipe.scheduler,
             self.recipe.models,
@@ -97,10 +94,7 @@ class OfflineInference:
             {name: p.request_bytes for name, p in self.memory.items()},
         )
         self._scheduler.start()
-        self._callback_thread = threading.Thread(
-            target=self._run_callbacks, name="inferchain-callbacks", daemon=True
-        )
-        self._callback_thread.start()
+        self._callbacks.start()
         self._phase = "running"
         if self.recipe.pipeline:
             self._pipeline = load_pipeline(self.recipe, self)
@@ -112,44 +106,6 @@ class OfflineInference:
             seconds=round(time.perf_counter() - started, 3),
         )
         return self
-
-    def _start_workers(self, backend: Backend) -> None:
-        for model in self.recipe.models:
-            recorder = self.metrics.models[model.name]
-            self._workers[model.name] = [
-                ModelWorker(
-                    model, i, backend, self.recipe.device, recorder, self._wake, self._finishing
-                )
-                for i in range(model.instances)
-            ]
-        for workers in self._workers.values():
-            for w in workers:
-                w.start()
-        for model in self.recipe.models:
-            sessions = [w.wait_ready() for w in self._workers[model.name]]
-            session = sessions[0]
-            self._specs[model.name] = InputSpec(
-                model.name,
-                session.inputs,
-                batching=model.max_batch_size > 0,
-                reject_nonfinite=model.nonfinite == "reject",
-            )
-            policy = ShapePolicy(model, session.inputs, session.outputs)
-            self._shapes[model.name] = policy
-            memory = plan(model, session.inputs, session.outputs, policy.warm_keys())
-            memory.check()
-            self.memory[model.name] = memory
-            self._infos[model.name] = ModelInfo(
-                model.name,
-                session.inputs,
-                session.outputs,
-                model.max_batch_size,
-                model.instances,
-                dict(session.metadata),
-            )
-        for model in self.recipe.models:  # warm-up runs on every worker thread at once
-            for w in self._workers[model.name]:
-                w.prepare(self._shapes[model.name], warm=model.warmup)
 
     @contextlib.contextmanager
     def _finishing(self) -> Iterator[None]:
@@ -186,29 +142,16 @@ class OfflineInference:
                 self.wait_all(None if self._on_worker_thread() else 30.0)
             assert self._scheduler is not None
             self._scheduler.stop()
-        self._stop_workers()
+        stop_workers(all_workers(m.workers for m in self._models.values()))
         if self._backend is not None:
             self._backend.close()
-        self._callbacks.put(None)
-        if (
-            self._callback_thread is not None
-            and threading.current_thread() is not self._callback_thread
-        ):
-            self._callback_thread.join()
+        self._callbacks.stop()
         self._phase = "closed"
         log.info("closed", recipe=self.recipe.name)
 
     def _on_worker_thread(self) -> bool:
         me = threading.current_thread().name
         return me.startswith("inferchain-")
-
-    def _stop_workers(self) -> None:
-        workers = [w for ws in self._workers.values() for w in ws]
-        for w in workers:
-            w.stop()
-        for w in workers:
-            if threading.current_thread().name != f"inferchain-worker-{w.name}":
-                w.join()
 
     def __enter__(self) -> Self:
         return self.init()
@@ -271,9 +214,9 @@ class OfflineInference:
         deadline = None if timeout is None else time.perf_counter() + timeout
         hook = self._finished if callback is None else self._finished_with_callback
         arrays = [spec.normalize(item) for item in items]
-        policy = self._shapes[model]
+        policy = self._models[model].shapes
         keys = [policy.key(a) for a in arrays]
-        room = self.memory[model].request_bytes
+        room = self._models[model].memory.request_bytes
         if room is not None:
             for a in arrays:
                 if (size := sum(x.nbytes for x in a)) > room:
@@ -317,10 +260,13 @@ class OfflineInference:
         return self._scheduler
 
     def _spec(self, model: str) -> InputSpec:
-        spec = self._specs.get(model)
-        if spec is None:
-            raise InvalidInput(f"no model named {model!r} (models: {', '.join(self._specs)})")
-        return spec
+        return self._model(model).spec
+
+    def _model(self, model: str) -> LoadedModel:
+        found = self._models.get(model)
+        if found is None:
+            raise InvalidInput(f"no model named {model!r} (models: {', '.join(self._models)})")
+        return found
 
     def _resolve(self, depends_on: Iterable[Request | int]) -> tuple[Request, ...]:
         deps = []
@@ -362,22 +308,6 @@ class OfflineInference:
         self._finished(request)
         self._callbacks.put(request)
 
-    def _run_callbacks(self) -> None:
-        while (request := self._callbacks.get()) is not None:
-            assert request.callback is not None
-            try:
-                request.callback(request)
-            except Exception as e:
-                log_safely(
-                    log.error,
-                    "callback_failed",
-                    request_id=request.id,
-                    model=request.model,
-                    error=type(e).__name__,
-                    detail=str(e),
-                    exc_info=True,
-                )
-
     # -- convenience ----------------------------------------------------------------------
 
     def infer(self, model: str, inputs: Any, timeout: float | None = None) -> Outputs:
@@ -400,33 +330,12 @@ class OfflineInference:
         """
         config = self.recipe.model(model)
         limit = max_in_flight or 2 * config.num_slots
-        chunk = max(1, limit // 2)
-        source = iter(inputs)
-        pending: deque[Request] = deque()
-        finished: queue.SimpleQueue[Request] = queue.SimpleQueue()
-        exhausted = False
-        try:
-            while True:
-                if not exhausted and len(pending) <= limit - chunk:
-                    items = list(itertools.islice(source, chunk))
-                    exhausted = len(items) < chunk
-                    if items:
-                        new = self.submit_many(model, items, priority=priority)
-                        if not ordered:
-                            for r in new:
-                                r.add_done_listener(finished.put)
-                        pending.extend(new)
-                if not pending:
-                    return
-                if ordered:
-                    yield pending.popleft().result()
-                else:
-                    done = finished.get()
-                    pending.remove(done)
-                    yield done.result()
-        finally:
-            for r in pending:
-                r.cancel()
+        return stream(
+            lambda items: self.submit_many(model, items, priority=priority),
+            inputs,
+            limit=limit,
+            ordered=ordered,
+        )
 
     def run(
         self,
@@ -465,9 +374,8 @@ class OfflineInference:
         with self._drained:
             ok = self._drained.wait_for(lambda: self._outstanding == 0, timeout)
         if ok:
-            for workers in self._workers.values():
-                for w in workers:
-                    w.wait_all(timeout)
+            for w in all_workers(m.workers for m in self._models.values()):
+                w.wait_all(timeout)
         return ok
 
     def cancel_all(self) -> int:
@@ -480,10 +388,16 @@ class OfflineInference:
 
     def model_info(self, model: str) -> ModelInfo:
         """Inputs and outputs of a loaded model: names, shapes, dtypes."""
-        info = self._infos.get(model)
-        if info is None:
-            raise InvalidInput(f"no model named {model!r} (models: {', '.join(self._infos)})")
-        return info
+        return self._model(model).info
+
+    @property
+    def memory(self) -> dict[str, MemoryPlan]:
+        """The memory budget table: one plan per model (after init)."""
+        return {name: m.memory for name, m in self._models.items()}
+
+    def shape_policy(self, model: str) -> ShapePolicy:
+        """How `model`'s items are grouped into batches (its buckets, once known)."""
+        return self._model(model).shapes
 
     @property
     def models(self) -> Sequence[ModelConfig]:

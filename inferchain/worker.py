@@ -116,7 +116,7 @@ class ModelWorker:
         self._queue.put(None)
 
     def join(self, timeout: float | None = None) -> None:
-        if self._thread.is_alive():
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
     @property

@@ -1,0 +1,98 @@
+"""The models' registry: each model's workers and what `init()` learnt from its session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+
+import attrs
+
+from inferchain.backends.base import Backend
+from inferchain.config import ModelConfig, Recipe
+from inferchain.inputs import InputSpec
+from inferchain.memory import MemoryPlan, plan
+from inferchain.metrics import Metrics
+from inferchain.shapes import ShapePolicy
+from inferchain.tensors import ModelInfo
+from inferchain.worker import ModelWorker
+
+
+@attrs.define
+class LoadedModel:
+    """One model of a running OfflineInference."""
+
+    config: ModelConfig
+    workers: list[ModelWorker]  # one per instance, each with its own thread and session
+    spec: InputSpec  # what one item must look like (checked at submit)
+    shapes: ShapePolicy  # which batch an item joins
+    info: ModelInfo  # inputs, outputs, metadata
+    memory: MemoryPlan  # its row of the memory budget table
+
+
+def load_models(
+    recipe: Recipe,
+    backend: Backend,
+    metrics: Metrics,
+    on_idle: Callable[[], None],
+    finishing: Callable[[], AbstractContextManager[None]],
+) -> dict[str, LoadedModel]:
+    """Start every worker (all models load at once), read each model's description, check
+    its memory plan and warm its shapes up. On any failure, stop what started and re-raise."""
+    workers = {
+        m.name: [
+            ModelWorker(m, i, backend, recipe.device, metrics.models[m.name], on_idle, finishing)
+            for i in range(m.instances)
+        ]
+        for m in recipe.models
+    }
+    try:
+        for w in all_workers(workers.values()):
+            w.start()
+        models = {m.name: _describe(m, workers[m.name]) for m in recipe.models}
+        for model in models.values():  # warm-up runs on every worker thread at once
+            for w in model.workers:
+                w.prepare(model.shapes, warm=model.config.warmup)
+    except BaseException:
+        stop_workers(all_workers(workers.values()))
+        raise
+    return models
+
+
+def _describe(model: ModelConfig, workers: list[ModelWorker]) -> LoadedModel:
+    sessions = [w.wait_ready() for w in workers]  # every instance must have loaded
+    session = sessions[0]
+    shapes = ShapePolicy(model, session.inputs, session.outputs)
+    memory = plan(model, session.inputs, session.outputs, shapes.warm_keys())
+    memory.check()
+    return LoadedModel(
+        config=model,
+        workers=workers,
+        spec=InputSpec(
+            model.name,
+            session.inputs,
+            batching=model.max_batch_size > 0,
+            reject_nonfinite=model.nonfinite == "reject",
+        ),
+        shapes=shapes,
+        info=ModelInfo(
+            model.name,
+            session.inputs,
+            session.outputs,
+            model.max_batch_size,
+            model.instances,
+            dict(session.metadata),
+        ),
+        memory=memory,
+    )
+
+
+def all_workers(groups: Iterable[list[ModelWorker]]) -> list[ModelWorker]:
+    return [w for group in groups for w in group]
+
+
+def stop_workers(workers: list[ModelWorker]) -> None:
+    """Let each worker finish its queue and release its session, then join the threads."""
+    for w in workers:
+        w.stop()
+    for w in workers:
+        w.join()
