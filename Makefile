@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest bench soak clean
+.PHONY: run test lint typecheck pytest bench bench-quick soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -34,9 +34,13 @@ typecheck: $(STAMP_DEV)
 pytest: $(STAMP_DEV)
 	$(BIN)/python -m pytest -q
 
+BENCHMARKS := bench_core bench_memory bench_startup bench_ocr bench_ray
+
 bench: $(STAMP_DEV)
-	$(BIN)/python benchmarks/bench_core.py
-	$(BIN)/python benchmarks/bench_memory.py
+	for b in $(BENCHMARKS); do $(BIN)/python benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done
+
+bench-quick: BENCH_ARGS = --quick
+bench-quick: bench
 
 soak: $(STAMP_DEV)
 	$(BIN)/python -m inferchain.testing.soak --seconds 600

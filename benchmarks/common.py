@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -10,7 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# INFERCHAIN_BENCH_RESULTS redirects the JSON files (the quick runs in the test suite do)
+RESULTS = Path(
+    os.environ.get("INFERCHAIN_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
+)
 
 
 def interleave(sides: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
@@ -50,7 +54,7 @@ def table(rows: list[tuple[str, ...]]) -> str:
 
 
 def write_results(name: str, payload: dict[str, Any]) -> Path:
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": name,
         "machine": {"python": platform.python_version(), "cpu_count": _cpus()},
@@ -62,6 +66,4 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0))
