@@ -324,12 +324,16 @@ class ModelWorker:
             requests[0].try_transition(done, outputs=dict(zip(names, outputs, strict=True)))
         self._metrics.record_batch(requests, ok=True, timing=timing)
         if structlog.is_configured():  # per-batch lines only where the application asked
-            log_safely(
-                log.debug,
-                "batch_done",
+            log_safely(  # the canonical line per batch
+                log.info,
+                "batch",
+                model=self.model.name,
                 worker=self.name,
                 size=len(requests),
+                shape=[list(s) for s in timing.shape_key],
                 run_ms=round((timing.run_end - timing.run_start) * 1e3, 3),
+                batch_ms=round((timing.end - timing.picked) * 1e3, 3),
+                request_ids=[requests[0].id, requests[-1].id],
             )
 
     def _fail(
