@@ -20,7 +20,7 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	touch $@ $(STAMP_RUN)
 
 run: $(STAMP_RUN)
-	$(BIN)/inferchain run recipes/orientation --output out/orientation
+	$(BIN)/inferchain run recipes/ocr --output out/ocr
 
 test: $(STAMP_DEV) lint typecheck pytest
 

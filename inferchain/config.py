@@ -70,6 +70,8 @@ def _coerce(value: object, spec: object, path: str, source: Path) -> object:
 
 
 def _is(value: object, spec: object) -> bool:
+    if isinstance(spec, type) and issubclass(spec, _Schema):
+        return isinstance(value, Mapping)
     if spec is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if spec is float:

@@ -97,7 +97,11 @@ class OfflineInference:
         self._callbacks.start()
         self._phase = "running"
         if self.recipe.pipeline:
-            self._pipeline = load_pipeline(self.recipe, self)
+            try:
+                self._pipeline = load_pipeline(self.recipe, self)
+            except BaseException:
+                self.close()  # nothing started may outlive a failed init()
+                raise
         log.info(
             "initialized",
             recipe=self.recipe.name,

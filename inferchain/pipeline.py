@@ -14,11 +14,13 @@ once and their requests batch together, while the code reads top to bottom::
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
+import importlib
 import queue
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -104,18 +106,24 @@ def load_pipeline(recipe: Recipe, oi: OfflineInference) -> Pipeline:
             f"{recipe.source}: key 'pipeline' must be 'file.py:ClassName' in the recipe's "
             f"folder, got {recipe.pipeline!r}"
         )
-    module_name = f"inferchain_recipe_{recipe.name}_{path.stem}"
-    module = sys.modules.get(module_name)
-    if module is None or getattr(module, "__file__", None) != str(path):
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+    module = _import_recipe_module(recipe.root, path.stem)
     cls = getattr(module, cls_name, None)
     if not (isinstance(cls, type) and issubclass(cls, Pipeline)):
         raise ConfigError(f"{recipe.source}: {recipe.pipeline!r} is not a Pipeline subclass")
     return cls(oi)
+
+
+def _import_recipe_module(root: Path, stem: str) -> ModuleType:
+    """Import `root/stem.py` as a module of a package made of the recipe's folder, so a
+    pipeline may import its sibling files (`from . import boxes`)."""
+    package = f"inferchain_recipes.r{hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]}"
+    if "inferchain_recipes" not in sys.modules:
+        sys.modules["inferchain_recipes"] = ModuleType("inferchain_recipes")
+    if package not in sys.modules:
+        module = ModuleType(package)
+        module.__path__ = [str(root)]
+        sys.modules[package] = module
+    return importlib.import_module(f"{package}.{stem}")
 
 
 class _Task:

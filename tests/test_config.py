@@ -84,3 +84,16 @@ def test_defaults_and_derived_values(tmp_path: Path) -> None:
     assert r.providers == ("CPUExecutionProvider",)
     with pytest.raises(ic.ConfigError, match="no model named 'q'"):
         r.model("q")
+
+
+def test_a_model_may_override_session_options(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    write(
+        tmp_path,
+        "name: x\nsession_options: {intra_op_num_threads: 2}\n"
+        "models: [{name: m, path: m.onnx, session_options: {intra_op_num_threads: 1}}]",
+    )
+    r = ic.load_recipe(tmp_path)
+    assert r.session_options.intra_op_num_threads == 2
+    assert r.model("m").session_options is not None
+    assert r.model("m").session_options.intra_op_num_threads == 1

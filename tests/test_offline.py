@@ -228,3 +228,26 @@ def test_run_without_pipeline_maps_the_only_model(mlp_path: Path) -> None:
     with ic.OfflineInference(mlp_recipe(mlp_path)) as oi:
         results = list(oi.run(xs))
     assert [r["y"].shape for r in results] == [(10,)] * 5
+
+
+def test_a_pipeline_may_import_its_siblings_and_a_broken_one_leaks_nothing(
+    mlp_path: Path, tmp_path: Path, no_thread_leak: None
+) -> None:
+    (tmp_path / "helpers.py").write_text("def double(x):\n    return x * 2\n")
+    (tmp_path / "pipeline.py").write_text(
+        "from inferchain.pipeline import Pipeline\n"
+        "from .helpers import double\n\n"
+        "class P(Pipeline):\n"
+        "    def process(self, item):\n"
+        "        out = yield self.submit('m', double(item))\n"
+        "        return out['y']\n"
+    )
+    (tmp_path / "broken.py").write_text("raise RuntimeError('broken pipeline module')\n")
+    yaml = f"name: sib\nmodels: [{{name: m, path: {mlp_path}}}]\npipeline: pipeline.py:P\n"
+    (tmp_path / "recipe.yaml").write_text(yaml)
+    with ic.OfflineInference(ic.load_recipe(tmp_path)) as oi:
+        (out,) = oi.run([np.ones(64, np.float32)])
+        assert out.shape == (10,)
+    (tmp_path / "recipe.yaml").write_text(yaml.replace("pipeline.py:P", "broken.py:P"))
+    with pytest.raises(RuntimeError, match="broken pipeline module"):
+        ic.OfflineInference(ic.load_recipe(tmp_path)).init()
