@@ -155,5 +155,8 @@ class ExecutionEngine:
                 next_due = min(next_due, batcher.step(now))
         return next_due
 
+    def num_ready_of(self, model: str) -> int:
+        return self._batchers[model].num_ready
+
     def num_ready(self) -> int:
         return sum(b.num_ready for b in self._batchers.values())

@@ -162,7 +162,11 @@ class _Rings:
 
 
 class ModelMetrics:
-    """Recorder for one model; `record_batch` is called by its workers."""
+    """Recorder for one model; `record_batch` is called by its workers.
+
+    Recording is cheap (counters, and references to the requests' state stamps); the
+    arrays and percentiles are computed only when someone asks (`samples`, `snapshot`).
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -172,51 +176,55 @@ class ModelMetrics:
         self.batch_sizes: Counter[int] = Counter()
         self.first_submit: float | None = None
         self.last_done: float | None = None
-        self._rings = _Rings(STAGES)
+        self._stamps: deque[list[float | None]] = deque(maxlen=_CAPACITY)  # one per request
         self.timeline: deque[BatchTiming] = deque(maxlen=_TIMELINE)
 
     def record_batch(
         self, requests: Sequence[Request], ok: bool, timing: BatchTiming | None = None
     ) -> None:
-        """Stage latencies of a finished batch, from the requests' state stamps."""
+        """Count a finished batch and keep its requests' state stamps."""
         n = len(requests)
-        stamps = np.array([r._stamps for r in requests], dtype=float)
-        submit = stamps[:, RequestState.WAITING]
-        ready = stamps[:, RequestState.READY]
-        running = stamps[:, RequestState.RUNNING]
-        end = stamps[:, RequestState.DONE if ok else RequestState.ERROR]
+        first = min(r._stamps[RequestState.WAITING] or 0.0 for r in requests)
+        last = requests[-1]._stamps[RequestState.DONE if ok else RequestState.ERROR]
         with self._lock:
             self.batch_sizes[n] += 1
             if ok:
                 self.requests += n
             else:
                 self.errors += n
-            first = float(submit.min())
-            self.first_submit = (
-                first if self.first_submit is None else min(self.first_submit, first)
-            )
-            self.last_done = float(end.max())
-            rings = self._rings
-            rings.extend("queue", ready - submit)
-            rings.extend("batch_wait", running - ready)
-            rings.extend("execute", end - running)
-            if ok:
-                rings.extend("end_to_end", end - submit)
+            if self.first_submit is None or first < self.first_submit:
+                self.first_submit = first
+            self.last_done = last
+            self._stamps.extend(r._stamps for r in requests)
             if timing is not None:
                 self.timeline.append(timing)
-                if ok:
-                    self._record_split(timing, n)
-
-    def _record_split(self, timing: BatchTiming, n: int) -> None:
-        """`run` and the backend's stages of one batch, once per request (lock held)."""
-        self._rings.extend(RUN, np.full(n, timing.run_end - timing.run_start))
-        for stage, seconds in timing.stages.items():
-            self._rings.extend(stage, np.full(n, seconds))
 
     def samples(self) -> dict[str, np.ndarray]:
         """Seconds per stage (`end_to_end` included), the latest samples of each."""
         with self._lock:
-            return self._rings.values()
+            stamps = list(self._stamps)
+            batches = [b for b in self.timeline if b.ok]
+        if not stamps:
+            return {stage: np.empty(0) for stage in STAGES}
+        a = np.array(stamps, dtype=float)  # a state never entered is NaN
+        submit = a[:, RequestState.WAITING]
+        ready = a[:, RequestState.READY]
+        running = a[:, RequestState.RUNNING]
+        done = a[:, RequestState.DONE]
+        end = np.where(np.isnan(done), a[:, RequestState.ERROR], done)
+        samples = {
+            "queue": ready - submit,
+            "batch_wait": running - ready,
+            "execute": end - running,
+            "end_to_end": (done - submit)[~np.isnan(done)],
+        }
+        if batches:  # `run` and the backend's own stages, once per request of a batch
+            sizes = np.array([b.size for b in batches])
+            samples[RUN] = np.repeat([b.run_end - b.run_start for b in batches], sizes)
+            for stage in {k for b in batches for k in b.stages}:
+                have = [b for b in batches if stage in b.stages]
+                samples[stage] = np.repeat([b.stages[stage] for b in have], [b.size for b in have])
+        return samples
 
     def batches(self) -> list[BatchTiming]:
         """The recorded timeline, copied."""
@@ -224,8 +232,8 @@ class ModelMetrics:
             return list(self.timeline)
 
     def snapshot(self) -> tuple[ModelStats, dict[str, np.ndarray]]:
+        samples = self.samples()
         with self._lock:
-            samples = self._rings.values()
             span = (self.last_done or 0.0) - (self.first_submit or 0.0)
             stats = ModelStats(
                 name=self.name,

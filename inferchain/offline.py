@@ -210,9 +210,29 @@ class OfflineInference:
     ) -> list[Request]:
         """`submit` for many items at once: all are checked before any is queued."""
         scheduler = self._running_scheduler()
+        requests = self._make_requests(
+            model, items, priority, timeout, self._resolve(depends_on), callback
+        )
+        try:
+            scheduler.submit(requests, block=block)
+        except BaseException:
+            for r in requests:
+                r.cancel()
+            raise
+        return requests
+
+    def _make_requests(
+        self,
+        model: str,
+        items: Iterable[Any],
+        priority: int | None,
+        timeout: float | None,
+        deps: tuple[Request, ...],
+        callback: Callback | None,
+    ) -> list[Request]:
+        """Checked, registered WAITING requests (not yet queued anywhere)."""
         spec = self._spec(model)
         config = self.recipe.model(model)
-        deps = self._resolve(depends_on)
         prio = config.priority if priority is None else priority
         timeout = config.timeout_s if timeout is None else timeout
         deadline = None if timeout is None else time.perf_counter() + timeout
@@ -247,15 +267,9 @@ class OfflineInference:
                 for a, key in zip(arrays, keys, strict=True)
             ]
             self._outstanding += len(requests)
-        try:
             live = self._live
             for r in requests:
                 live[r.id] = r
-            scheduler.submit(requests, block=block)
-        except BaseException:
-            for r in requests:
-                r.cancel()
-            raise
         return requests
 
     def _running_scheduler(self) -> Scheduler:
@@ -315,8 +329,27 @@ class OfflineInference:
     # -- convenience ----------------------------------------------------------------------
 
     def infer(self, model: str, inputs: Any, timeout: float | None = None) -> Outputs:
-        """Run one item and wait: its outputs, or raise the request's error."""
-        return self.submit(model, inputs, timeout=timeout).result()
+        """Run one item and wait: its outputs, or raise the request's error.
+
+        When the model is idle (nothing waiting or ready, a worker free) and its backend lets
+        any thread run a session (ONNX Runtime; not pyACL), the batch of one runs right here
+        on the calling thread, through the same worker code: no thread hand-off at all.
+        """
+        scheduler = self._running_scheduler()
+        (request,) = self._make_requests(model, (inputs,), None, timeout, (), None)
+        loaded = self._models[model]
+        worker = None
+        if not getattr(self._backend, "thread_affine", True):
+            worker = scheduler.claim_idle(model, request, loaded.workers)
+        if worker is not None:
+            worker.run_inline(request)
+        else:
+            try:
+                scheduler.submit([request])
+            except BaseException:
+                request.cancel()
+                raise
+        return request.result()
 
     def map(
         self,

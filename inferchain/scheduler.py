@@ -15,17 +15,20 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import structlog
 
 from inferchain.config import ModelConfig, SchedulerConfig
-from inferchain.engine import ExecutionEngine
+from inferchain.engine import BatchSink, ExecutionEngine
 from inferchain.errors import Closed, DependencyFailed, QueueFull, RequestTimeout
 from inferchain.logs import log_safely
 from inferchain.request import Request, RequestState
 
 log = structlog.get_logger(__name__)
+
+Sink = TypeVar("Sink", bound=BatchSink)
 
 
 class ModelQueue:
@@ -140,6 +143,22 @@ class Scheduler:
         if not self._wake_pending:
             self._wake_pending = True
             self._wakeups.put(None)
+
+    def claim_idle(self, model: str, request: Request, workers: Sequence[Sink]) -> Sink | None:
+        """Admit `request` straight to a free worker when `model` is idle: nothing of it is
+        waiting or ready, a slot is free and a healthy worker is not busy. Returns that
+        worker, now busy with the request RUNNING; None (and no change) otherwise."""
+        q = self._queues[model]
+        with self._pass_lock:
+            if q.heap or self._engine.num_ready_of(model) or not q.can_schedule(request):
+                return None
+            worker = next((w for w in workers if w.healthy and not w.busy), None)
+            if worker is None or not request.try_transition(RequestState.READY):
+                return None
+            q.allocate(request)
+            worker.busy = True
+            request.try_transition(RequestState.RUNNING)
+            return worker
 
     def stop(self) -> None:
         """Stop the loop and join its thread; waiting requests must be finished first."""

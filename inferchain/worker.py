@@ -6,6 +6,7 @@ require. The engine sees a worker through `busy` and `dispatch()`.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -73,6 +74,8 @@ class ModelWorker:
         self._device = device
         self._metrics = metrics
         self._on_idle = on_idle
+        # per-batch lines only where the application configured logging (bound once: cheap)
+        self._batch_log = log.bind() if structlog.is_configured() else None
         self._finishing = finishing
         self._batching = model.max_batch_size > 0
         self._queue: queue.SimpleQueue[Batch | _Prepare | None] = queue.SimpleQueue()
@@ -105,6 +108,20 @@ class ModelWorker:
         with self._idle:
             self._num_pending += 1
         self._queue.put(batch)
+
+    def run_inline(self, request: Request) -> None:
+        """Run a batch of one RUNNING request on the calling thread (the engine marked this
+        worker busy for it). Only for sessions any thread may use (`thread_affine` False)."""
+        with self._idle:
+            self._num_pending += 1
+        batch = Batch(self.model.name, (request,), request.shape_key, time.perf_counter())
+        try:
+            self._execute(batch)
+        except BaseException:  # e.g. KeyboardInterrupt in the caller: the worker is fine
+            if not self.dead:
+                self.healthy = True
+                self._on_idle()
+            raise
 
     def wait_all(self, timeout: float | None = None) -> bool:
         """WaitForAllTaskDone: True once every dispatched batch has finished."""
@@ -323,9 +340,9 @@ class ModelWorker:
         else:
             requests[0].try_transition(done, outputs=dict(zip(names, outputs, strict=True)))
         self._metrics.record_batch(requests, ok=True, timing=timing)
-        if structlog.is_configured():  # per-batch lines only where the application asked
+        if self._batch_log is not None and self._batch_log.is_enabled_for(logging.INFO):
             log_safely(  # the canonical line per batch
-                log.info,
+                self._batch_log.info,
                 "batch",
                 model=self.model.name,
                 worker=self.name,

@@ -251,3 +251,35 @@ def test_a_pipeline_may_import_its_siblings_and_a_broken_one_leaks_nothing(
     (tmp_path / "recipe.yaml").write_text(yaml.replace("pipeline.py:P", "broken.py:P"))
     with pytest.raises(RuntimeError, match="broken pipeline module"):
         ic.OfflineInference(ic.load_recipe(tmp_path)).init()
+
+
+def test_infer_runs_inline_when_idle_and_keeps_the_books(mlp_path: Path) -> None:
+    """An idle model runs infer() on the caller's thread; slots and stats stay exact."""
+    xs = np.random.default_rng(3).standard_normal((400, 64)).astype(np.float32)
+    (expected,) = reference(mlp_path, {"x": xs})
+    seen: list[str] = []
+    with ic.OfflineInference(mlp_recipe(mlp_path, slots=2)) as oi:
+        for i in range(100):
+            np.testing.assert_allclose(oi.infer("mlp", xs[i])["y"], expected[i], rtol=1e-5)
+        seen = [b.worker for b in oi.metrics.timeline()]
+        errors: list[BaseException] = []
+
+        def hammer(lo: int) -> None:
+            try:
+                for i in range(lo, lo + 50):
+                    out = oi.infer("mlp", xs[i])["y"]
+                    np.testing.assert_allclose(out, expected[i], rtol=1e-5, atol=1e-6)
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=hammer, args=(100 + 50 * k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        mapped = list(oi.map("mlp", xs[300:]))  # admission still works: no slot leaked
+        for t in threads:
+            t.join()
+        stats = oi.stats().models["mlp"]
+    assert not errors
+    np.testing.assert_allclose(np.stack([m["y"] for m in mapped]), expected[300:], rtol=1e-5)
+    assert stats.requests == 400
+    assert seen == ["mlp#0"] * 100  # accounted to the worker whose session ran it

@@ -59,6 +59,7 @@ class Backend(abc.ABC):
     """One device runtime for the whole process (one runtime init, many models)."""
 
     name: str
+    thread_affine: bool = True  # sessions must stay on the thread that loaded them (pyACL)
 
     @abc.abstractmethod
     def load(self, model: ModelConfig, device: int) -> Session:

@@ -132,6 +132,7 @@ class OnnxRuntimeBackend(Backend):
     """Builds one InferenceSession per worker with the recipe's providers and options."""
 
     name = "onnxruntime"
+    thread_affine = False  # an InferenceSession may run on any thread (one at a time here)
 
     def __init__(self, recipe: Recipe) -> None:
         self._recipe = recipe
