@@ -102,13 +102,17 @@ class Request:
         self.callback = callback  # called with the request once terminal (callback thread)
         self.outputs: Outputs | None = None  # name -> array, once DONE
         self.error: BaseException | None = None  # once ERROR / CANCELLED / TIMED_OUT
-        self.nbytes = sum(a.nbytes for a in inputs)  # host bytes of the inputs
+        if len(inputs) == 1:  # the common case, without generator overhead
+            self.nbytes = inputs[0].nbytes  # host bytes of the inputs
+            shapes: tuple[tuple[int, ...], ...] = (inputs[0].shape,)
+        else:
+            self.nbytes = sum(a.nbytes for a in inputs)
+            shapes = tuple(a.shape for a in inputs)
         # requests batch only with equal keys: their shapes, or the bucket they are padded to
-        self.shape_key = tuple(a.shape for a in inputs) if shape_key is None else shape_key
+        self.shape_key = shapes if shape_key is None else shape_key
         self._lock = threading.Lock()
         self._state = RequestState.WAITING
-        now = time.perf_counter()
-        self._stamps: list[float | None] = [now, None, None, None, None, None, None]
+        self._stamps: list[float | None] = [time.perf_counter(), None, None, None, None, None, None]
         self._waiter: threading.Lock | None = None  # held until terminal; see wait()
         self._listeners: list[Callable[[Request], None]] | None = None
         self._on_terminal = on_terminal

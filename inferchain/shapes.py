@@ -171,7 +171,7 @@ class ShapePolicy:
 
     def key(self, arrays: Sequence[np.ndarray]) -> ShapeKey:
         """The batch key of one item; `InvalidInput` when no bucket holds it."""
-        exact = tuple(a.shape for a in arrays)
+        exact = (arrays[0].shape,) if len(arrays) == 1 else tuple(a.shape for a in arrays)
         buckets = self.buckets
         if not buckets:
             if self.strategy == "auto":
