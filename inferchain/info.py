@@ -15,7 +15,8 @@ import attrs
 from inferchain.backends.base import make_backend
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError
-from inferchain.memory import MemoryPlan, plan
+from inferchain.memory import MemoryPlan
+from inferchain.models import describe
 from inferchain.table import megabytes, render
 from inferchain.tensors import ModelInfo
 
@@ -52,15 +53,7 @@ def describe_recipe(recipe: Recipe, *, acl_module: object | None = None) -> list
         for model in recipe.models:
             session = backend.load(model, recipe.device)
             try:
-                info = ModelInfo(
-                    model.name,
-                    session.inputs,
-                    session.outputs,
-                    model.max_batch_size,
-                    model.instances,
-                    dict(session.metadata),
-                )
-                memory = plan(model, session.inputs, session.outputs)
+                info, _, memory = describe(model, session)
             finally:
                 session.close()
             reports.append(ModelReport(info, model.path, memory))

@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 
 import attrs
 
-from inferchain.backends.base import Backend
+from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
 from inferchain.inputs import InputSpec
 from inferchain.memory import MemoryPlan, plan
@@ -58,11 +58,25 @@ def load_models(
     return models
 
 
+def describe(model: ModelConfig, session: Session) -> tuple[ModelInfo, ShapePolicy, MemoryPlan]:
+    """What a loaded session tells about `model`: its IO, its shape policy, its memory plan
+    (every known bucket counted). `init()` and `inferchain info` both use it."""
+    shapes = ShapePolicy(model, session.inputs, session.outputs)
+    info = ModelInfo(
+        model.name,
+        session.inputs,
+        session.outputs,
+        model.max_batch_size,
+        model.instances,
+        dict(session.metadata),
+    )
+    return info, shapes, plan(model, session.inputs, session.outputs, shapes.warm_keys())
+
+
 def _describe(model: ModelConfig, workers: list[ModelWorker]) -> LoadedModel:
     sessions = [w.wait_ready() for w in workers]  # every instance must have loaded
     session = sessions[0]
-    shapes = ShapePolicy(model, session.inputs, session.outputs)
-    memory = plan(model, session.inputs, session.outputs, shapes.warm_keys())
+    info, shapes, memory = describe(model, session)
     memory.check()
     return LoadedModel(
         config=model,
@@ -74,14 +88,7 @@ def _describe(model: ModelConfig, workers: list[ModelWorker]) -> LoadedModel:
             reject_nonfinite=model.nonfinite == "reject",
         ),
         shapes=shapes,
-        info=ModelInfo(
-            model.name,
-            session.inputs,
-            session.outputs,
-            model.max_batch_size,
-            model.instances,
-            dict(session.metadata),
-        ),
+        info=info,
         memory=memory,
     )
 
