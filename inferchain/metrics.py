@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 
 import attrs
 import numpy as np
@@ -23,7 +24,8 @@ STAGES = ("queue", "batch_wait", "execute", "end_to_end")  # always recorded, pe
 RUN = "run"  # Session.run per batch, counted once per request of the batch
 PIPELINE_STAGES = ("pre", "post")  # per item, where a pipeline's steps are timed
 _CAPACITY = 1 << 16  # latest samples kept per stage and model
-_TIMELINE = 100_000  # latest batches kept for traces and plots
+_TIMELINE = 4096  # latest batches kept for traces and plots (about 1 MB)
+NO_STAGES: Mapping[str, float] = MappingProxyType({})  # shared by batches without a split
 
 
 @attrs.frozen
@@ -39,7 +41,7 @@ class BatchTiming:
     run_start: float  # Session.run called (inputs stacked)
     run_end: float  # Session.run returned
     end: float  # outputs delivered to the requests
-    stages: Mapping[str, float] = attrs.field(factory=dict)  # backend split, e.g. h2d/compute/d2h
+    stages: Mapping[str, float] = NO_STAGES  # backend split, e.g. h2d/compute/d2h
 
 
 @attrs.frozen

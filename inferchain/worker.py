@@ -23,7 +23,7 @@ from inferchain.config import ModelConfig
 from inferchain.engine import Batch
 from inferchain.errors import BackendError, ConfigError, InferchainError
 from inferchain.logs import log_safely
-from inferchain.metrics import BatchTiming, ModelMetrics
+from inferchain.metrics import NO_STAGES, BatchTiming, ModelMetrics
 from inferchain.request import Request, RequestState
 from inferchain.shapes import ShapeKey, ShapePolicy, crop, stack_rows
 
@@ -323,7 +323,7 @@ class ModelWorker:
             run_start=self._run_start,
             run_end=self._run_end,
             end=time.perf_counter(),
-            stages=dict(stages) if stages else {},
+            stages=dict(stages) if stages else NO_STAGES,
         )
 
     def _deliver(
