@@ -13,7 +13,7 @@ import operator
 import random
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
@@ -57,6 +57,9 @@ class Fail(Exception):
         self.message = message
 
 
+T = TypeVar("T")
+
+
 def as_int(value: object, what: str) -> int:
     """`value` as an int, or TypeError (pyACL's argument parsing rejects non-integers)."""
     if isinstance(value, bool):
@@ -65,6 +68,15 @@ def as_int(value: object, what: str) -> int:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{what} must be an int, got {type(value).__name__}") from None
+
+
+def lookup(table: Mapping[int, T], value: object, what: str, code: int) -> T:
+    """The live object behind handle `value`, or `Fail(code)` naming an unknown `what`."""
+    handle = as_int(value, what.replace(" ", "_"))
+    found = table.get(handle)
+    if found is None:
+        raise Fail(code, f"unknown {what} {handle:#x}")
+    return found
 
 
 @attrs.define

@@ -35,6 +35,7 @@ from inferchain.testing._fake_acl_core import (
     as_int,
     dict_pair,
     empty_name,
+    lookup,
     null,
     pair,
     same_first,
@@ -148,11 +149,7 @@ class FakeMdl(Namespace):
         return desc.handle
 
     def _desc(self, desc: object) -> Desc:
-        handle = as_int(desc, "model_desc")
-        found = self._state.descs.get(handle)
-        if found is None:
-            raise Fail(INVALID_RESOURCE_HANDLE, f"unknown model desc {handle:#x}")
-        return found
+        return lookup(self._state.descs, desc, "model desc", INVALID_RESOURCE_HANDLE)
 
     @api("mdl.get_desc")
     def get_desc(self, model_desc: int, model_id: int) -> int:
@@ -278,18 +275,10 @@ class FakeMdl(Namespace):
         return dataset.handle
 
     def _dataset(self, dataset: object) -> Dataset:
-        handle = as_int(dataset, "dataset")
-        found = self._state.datasets.get(handle)
-        if found is None:
-            raise Fail(INVALID_RESOURCE_HANDLE, f"unknown dataset {handle:#x}")
-        return found
+        return lookup(self._state.datasets, dataset, "dataset", INVALID_RESOURCE_HANDLE)
 
     def _buffer(self, buffer: object) -> DataBuffer:
-        handle = as_int(buffer, "data_buffer")
-        found = self._state.buffers.get(handle)
-        if found is None:
-            raise Fail(INVALID_RESOURCE_HANDLE, f"unknown data buffer {handle:#x}")
-        return found
+        return lookup(self._state.buffers, buffer, "data buffer", INVALID_RESOURCE_HANDLE)
 
     @api("mdl.add_dataset_buffer", same_first)
     def add_dataset_buffer(self, dataset: int, data_buffer: int) -> tuple[int, int]:

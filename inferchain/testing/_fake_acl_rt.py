@@ -24,6 +24,7 @@ from inferchain.testing._fake_acl_core import (
     State,
     api,
     as_int,
+    lookup,
     pair,
 )
 from inferchain.testing._fake_acl_memory import POLICIES, is_device_pointer, plan_copy
@@ -236,11 +237,7 @@ class FakeRt(Namespace):
         return event.handle, 0
 
     def _event(self, event: object) -> Event:
-        handle = as_int(event, "event")
-        found = self._state.events.get(handle)
-        if found is None:
-            raise Fail(RT_PARAM_INVALID, f"unknown event {handle:#x}")
-        return found
+        return lookup(self._state.events, event, "event", RT_PARAM_INVALID)
 
     @api("rt.record_event")
     def record_event(self, event: int, stream: int) -> int:

@@ -82,6 +82,7 @@ from inferchain.testing._fake_acl_core import (
     State,
     api,
     as_int,
+    lookup,
     null,
 )
 from inferchain.testing._fake_acl_mdl import Execution, FakeMdl
@@ -243,11 +244,7 @@ class FakeAcl(Namespace):
         return buf.handle
 
     def _data_buffer(self, data_buffer: object) -> DataBuffer:
-        handle = as_int(data_buffer, "data_buffer")
-        found = self._state.buffers.get(handle)
-        if found is None:
-            raise Fail(INVALID_RESOURCE_HANDLE, f"unknown data buffer {handle:#x}")
-        return found
+        return lookup(self._state.buffers, data_buffer, "data buffer", INVALID_RESOURCE_HANDLE)
 
     @api("destroy_data_buffer")
     def destroy_data_buffer(self, data_buffer: int) -> int:
