@@ -37,7 +37,7 @@ def probe_onnxruntime() -> RuntimeProbe:
 
 def probe_acl() -> RuntimeProbe:
     """Whether pyACL (`import acl`, shipped with CANN) imports, and from where."""
-    from inferchain.backends.acl import CANN_SETUP, import_acl
+    from inferchain.backends.acl_api import CANN_SETUP, import_acl
 
     try:
         module = import_acl()
