@@ -157,6 +157,3 @@ class ExecutionEngine:
 
     def num_ready_of(self, model: str) -> int:
         return self._batchers[model].num_ready
-
-    def num_ready(self) -> int:
-        return sum(b.num_ready for b in self._batchers.values())

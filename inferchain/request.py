@@ -10,12 +10,11 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from inferchain.errors import InvalidTransition, RequestCancelled, RequestError
+from inferchain.errors import InvalidTransition, RequestCancelled
 
 Outputs = dict[str, np.ndarray]
 Callback = Callable[["Request"], object]
@@ -235,24 +234,3 @@ class Request:
             return self.outputs
         assert self.error is not None
         raise self.error
-
-
-def check_finished_once(requests: Sequence[Request]) -> None:
-    """Internal invariant helper for tests: every request is terminal with a matching field."""
-    for r in requests:
-        if not r.done:
-            raise RequestError(f"request {r.id} is still {r.state.name}")
-        if (r.state is RequestState.DONE) != (r.outputs is not None):
-            raise RequestError(f"request {r.id} is {r.state.name} with outputs={r.outputs!r}")
-
-
-def describe_error(request: Request) -> dict[str, Any]:
-    """Key/value fields for a log event about a failed request."""
-    err = request.error
-    return {
-        "request_id": request.id,
-        "model": request.model,
-        "state": request.state.name,
-        "error": type(err).__name__ if err is not None else None,
-        "detail": str(err) if err is not None else None,
-    }

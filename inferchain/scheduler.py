@@ -100,10 +100,6 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    @property
-    def num_waiting(self) -> int:
-        return self._num_waiting
-
     def submit(
         self, requests: list[Request], block: bool = True, timeout: float | None = None
     ) -> None:
