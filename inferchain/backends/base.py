@@ -39,6 +39,27 @@ class Session(abc.ABC):
         the outputs have at least `batch_size` rows, of which the first `batch_size` count.
         """
 
+    # -- streams: batches in flight at once ------------------------------------------------
+    #
+    # A session with `num_streams` K > 1 keeps K independent sets of device buffers, each
+    # with its own device stream, so the copies of one batch overlap the compute of another.
+    # The ExecutionEngine assigns each batch a free stream of a worker; the worker calls
+    # `launch(inputs, n, stream)`, may launch on other streams, and later `collect(stream)`.
+    # `inputs` must stay untouched until that stream is collected. The default (K = 1) runs
+    # the batch inside `collect`, so a backend that only implements `run` needs nothing more.
+
+    num_streams: int = 1  # batches this session can have in flight at once
+    _launched: tuple[Sequence[np.ndarray], int]  # the default launch: run at collect()
+
+    def launch(self, inputs: Sequence[np.ndarray], batch_size: int, stream: int) -> None:
+        """Start one batch on `stream` (0 <= stream < num_streams) without waiting for it."""
+        self._launched = (inputs, batch_size)
+
+    def collect(self, stream: int) -> list[np.ndarray]:
+        """Wait for the batch launched on `stream`; its outputs, as `run` returns them."""
+        inputs, batch_size = self._launched
+        return self.run(inputs, batch_size)
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release everything the session holds, in the runtime's safe order."""
