@@ -99,6 +99,7 @@ class ExecutionEngine:
         self._queued = 0  # rows submitted, not yet admitted nor dropped
         self._drained = threading.Condition()  # guards _outstanding
         self._outstanding = 0  # works submitted, not yet settled
+        self._recovering = 0  # workers re-initialising after failures
         self.live: dict[int, Request] = {}  # requests not yet terminal, by id
         self.failed: dict[int, Request] = {}  # the latest that ended without outputs
         self._callbacks = CallbackThread()
@@ -244,9 +245,12 @@ class ExecutionEngine:
         return count
 
     def wait_all(self, timeout: float | None = None) -> bool:
-        """WaitForAllTaskDone: True once every submitted work has settled."""
+        """WaitForAllTaskDone: True once every submitted work has settled and no worker is
+        re-initialising (within `timeout` seconds in all)."""
         with self._drained:
-            return self._drained.wait_for(lambda: self._outstanding == 0, timeout)
+            return self._drained.wait_for(
+                lambda: self._outstanding == 0 and self._recovering <= 0, timeout
+            )
 
     def num_in_flight(self, model: str) -> int:
         """Rows of `model` waiting or ready (approximate, any thread)."""
@@ -280,6 +284,10 @@ class ExecutionEngine:
             record = posted.popleft()
             if isinstance(record, BatchResult):
                 self._on_result(record)
+            else:  # WorkerChanged: healthy again, or dead
+                with self._drained:
+                    self._recovering -= 1
+                    self._drained.notify_all()
         cancelled = self._cancelled
         while cancelled:
             self._on_cancelled(cancelled.popleft())
@@ -353,6 +361,9 @@ class ExecutionEngine:
         batch = result.batch
         model = self._models[batch.model]
         model.free[batch.worker].append(batch.stream)
+        if result.recovering:
+            with self._drained:
+                self._recovering += 1
         self._metrics.models[batch.model].record_batch(result.timing, batch)
         outputs = result.outputs
         if outputs is None:

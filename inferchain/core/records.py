@@ -75,6 +75,7 @@ class BatchResult:
     outputs: tuple[np.ndarray, ...] | None  # `batch.rows` rows each (whole, if unbatched)
     error: BaseException | None  # set when the batch failed as a whole
     timing: BatchTiming
+    recovering: bool = False  # the worker turned unhealthy with it: a WorkerChanged follows
 
 
 @attrs.frozen

@@ -252,6 +252,7 @@ class ModelWorker:
             return BatchResult(batch, outputs, None, self._timing(flight, run_end, ok=True)), None
         crash = None if isinstance(error, Exception) else error
         self.consecutive_failures += 1
+        was_healthy = self.healthy
         if crash is not None or self.consecutive_failures >= self.model.health.max_failures:
             self.healthy = False  # before the engine hears of the result
         if not isinstance(error, InferchainError):
@@ -266,7 +267,8 @@ class ModelWorker:
             code_name=getattr(error, "name", None),
             detail=str(error),
         )
-        return BatchResult(batch, None, error, self._timing(flight, run_end, ok=False)), crash
+        timing = self._timing(flight, run_end, ok=False)
+        return BatchResult(batch, None, error, timing, was_healthy and not self.healthy), crash
 
     def _outputs(self, outputs: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, ...]:
         assert self.session is not None
