@@ -46,6 +46,8 @@ log = structlog.get_logger(__name__)
 
 S = RequestState
 _FAILED_KEPT = 65536  # failed requests remembered for depends_on by id
+QUEUE_S = 0.002  # seconds of batches a one-stream worker may hold at once ...
+QUEUE_MAX = 32  # ... up to this many batches
 
 
 class _Model:
@@ -58,17 +60,38 @@ class _Model:
         self.workers = workers
         self.crops = shapes.crops
         self.fail_fast = config.health.while_unhealthy == "fail"
-        # Free dispatch slots per worker, by stream (the engine is their one writer): one per
-        # stream, and a worker with one stream gets a second slot on it, so its next batch
-        # waits in its queue while the current one runs (no idle gap of a thread hand-off).
-        self.capacity = [w.num_streams if w.num_streams > 1 else 2 for w in workers]
-        self.free: list[list[int]] = [
-            list(range(w.num_streams)) if w.num_streams > 1 else [0, 0] for w in workers
-        ]
+        # Streams of each worker that hold no batch (the engine is their one writer). A
+        # worker with one stream takes several batches at once on it, as many as run in
+        # about QUEUE_S (at least 2): the next ones wait in its queue while one runs, so
+        # short batches leave no idle gap of a thread hand-off between them.
+        self.free: list[list[int]] = [list(range(w.num_streams)) for w in workers]
+        self.in_flight = [0] * len(workers)  # batches dispatched and not yet back
+        self.batch_s = [0.0] * len(workers)  # moving average of a batch's wall time
+
+    def capacity(self, w: ModelWorker) -> int:
+        """Batches `w` may hold at once."""
+        if w.num_streams > 1:
+            return w.num_streams
+        avg = self.batch_s[w.index]
+        return QUEUE_MAX if avg <= 0 else max(2, min(QUEUE_MAX, int(QUEUE_S / avg)))
 
     def idle(self, w: ModelWorker) -> bool:
         """Nothing of `w` is in flight."""
-        return len(self.free[w.index]) == self.capacity[w.index]
+        return self.in_flight[w.index] == 0
+
+    def take_stream(self, w: ModelWorker) -> int:
+        self.in_flight[w.index] += 1
+        return self.free[w.index].pop() if w.num_streams > 1 else 0
+
+    def give_back(self, result: BatchResult) -> None:
+        batch = result.batch
+        i = batch.worker
+        self.in_flight[i] -= 1
+        if self.workers[i].num_streams > 1:
+            self.free[i].append(batch.stream)
+        t = result.timing
+        wall = t.end - t.picked
+        self.batch_s[i] = wall if self.batch_s[i] <= 0 else 0.8 * self.batch_s[i] + 0.2 * wall
 
     def idle_worker(self) -> ModelWorker | None:
         """A healthy worker with nothing in flight."""
@@ -201,7 +224,7 @@ class ExecutionEngine:
             work.admitted = now
             work.taken = work.rows
             work.state = S.RUNNING
-            stream = model.free[worker.index].pop()
+            stream = model.take_stream(worker)
             batch = Batch(
                 work.model,
                 worker.index,
@@ -332,26 +355,24 @@ class ExecutionEngine:
             for work in model.batcher.drain():
                 self._drop_rows(work, error, S.ERROR, forget=False)
             return float("inf")
-        free = model.free
-        # least loaded first, so batches spread over workers before they stack on streams
-        pairs = sorted(
-            ((w, s) for w in healthy for s in free[w.index]),
-            key=lambda p: -len(free[p[0].index]),
-        )
-        if not pairs:
+        room = {w.index: model.capacity(w) - model.in_flight[w.index] for w in healthy}
+        if not any(n > 0 for n in room.values()):
             return float("inf")
         all_idle = all(model.idle(w) for w in healthy)
         batcher = model.batcher
-        while pairs and batcher.groups:
+        while batcher.groups:
+            worker = max(healthy, key=lambda w: room[w.index])  # the least loaded first
+            if room[worker.index] <= 0:
+                break
             key, due_at = batcher.due(now, all_idle)
             if key is None:
                 return due_at
             slices, rows = batcher.take(key)
             if not slices:
                 continue
-            worker, stream = pairs.pop(0)
-            free[worker.index].remove(stream)
+            room[worker.index] -= 1
             all_idle = False
+            stream = model.take_stream(worker)
             worker.dispatch(Batch(model.name, worker.index, stream, tuple(slices), rows, key, now))
         return float("inf")
 
@@ -360,7 +381,7 @@ class ExecutionEngine:
     def _on_result(self, result: BatchResult) -> None:
         batch = result.batch
         model = self._models[batch.model]
-        model.free[batch.worker].append(batch.stream)
+        model.give_back(result)
         if result.recovering:
             with self._drained:
                 self._recovering += 1
