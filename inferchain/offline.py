@@ -11,14 +11,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-import structlog
-
 from inferchain.backends.base import Backend, make_backend
 from inferchain.callbacks import CallbackThread
 from inferchain.config import ModelConfig, Recipe, load_recipe
 from inferchain.engine import ExecutionEngine
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.inputs import InputSpec
+from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
 from inferchain.models import LoadedModel, all_workers, load_models, stop_workers
@@ -29,7 +28,7 @@ from inferchain.shapes import ShapePolicy
 from inferchain.streaming import stream
 from inferchain.tensors import ModelInfo
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _Phase = Literal["new", "running", "closing", "closed"]
 _FAILED_KEPT = 65536  # failed requests remembered for depends_on by id
@@ -72,7 +71,10 @@ class OfflineInference:
     def init(self) -> Self:
         """Load every model, pre-allocate buffers and start the threads (once)."""
         if self._phase != "new":
-            raise Closed(f"init() called on an OfflineInference that is {self._phase}")
+            raise Closed(
+                f"init() called on an OfflineInference that is {self._phase}: init() runs once; "
+                "create a new OfflineInference"
+            )
         started = time.perf_counter()
         backend = self._backend or make_backend(self.recipe, acl_module=self._acl_module)
         self._backend = backend
@@ -274,7 +276,8 @@ class OfflineInference:
 
     def _running_scheduler(self) -> Scheduler:
         if self._phase != "running" or self._scheduler is None:
-            raise Closed(f"cannot submit: the OfflineInference is {self._phase} (call init())")
+            hint = "call init() first" if self._phase == "new" else "create a new OfflineInference"
+            raise Closed(f"cannot submit: the OfflineInference is {self._phase} ({hint})")
         return self._scheduler
 
     def _spec(self, model: str) -> InputSpec:

@@ -18,15 +18,13 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
-import structlog
-
 from inferchain.config import ModelConfig, SchedulerConfig
 from inferchain.engine import BatchSink, ExecutionEngine
 from inferchain.errors import Closed, DependencyFailed, QueueFull, RequestTimeout
-from inferchain.logs import log_safely
+from inferchain.logs import get_logger, log_safely
 from inferchain.request import Request, RequestState
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Sink = TypeVar("Sink", bound=BatchSink)
 

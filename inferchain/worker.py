@@ -22,12 +22,12 @@ from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig
 from inferchain.engine import Batch
 from inferchain.errors import BackendError, ConfigError, InferchainError
-from inferchain.logs import log_safely
+from inferchain.logs import get_logger, log_safely
 from inferchain.metrics import NO_STAGES, BatchTiming, ModelMetrics
 from inferchain.request import Request, RequestState
 from inferchain.shapes import ShapeKey, ShapePolicy, crop, stack_rows
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @attrs.frozen(eq=False)

@@ -30,14 +30,14 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import numpy as np
-import structlog
 
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError, InferchainError, InvalidInput
+from inferchain.logs import get_logger
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Batch = dict[str, np.ndarray]  # column name -> one value per row (Ray Data's "numpy" format)
 PATH = "path"  # the column of file paths, as `read_dataset` makes it
