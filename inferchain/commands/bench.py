@@ -15,8 +15,10 @@ from inferchain.progress import Progress
 from inferchain.table import render
 
 
-def register(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="benchmark a recipe's models (synthetic inputs)")
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    bench = sub.add_parser(
+        "bench", parents=parents, help="benchmark a recipe's models (synthetic inputs)"
+    )
     bench.add_argument("recipe", help="recipe folder or its YAML file")
     bench.add_argument(
         "--model", action="append", metavar="NAME", help="only this model (repeatable)"
