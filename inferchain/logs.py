@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
@@ -23,6 +23,14 @@ def log_safely(emit: Callable[..., object], event: str, **fields: object) -> Non
         emit(event, **fields)
 
 
+def _render(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
+    """`event key=value ...`, then the traceback if there is one."""
+    event = event_dict.pop("event", "")
+    trace = event_dict.pop("exception", None)
+    line = " ".join([str(event), *(f"{k}={v!r}" for k, v in sorted(event_dict.items()))])
+    return f"{line}\n{trace}" if trace else line
+
+
 def _stdlib_logger(name: str) -> Any:
     """A structlog logger over `logging.getLogger(name)`, filtered by the stdlib's levels."""
     return structlog.wrap_logger(
@@ -30,7 +38,7 @@ def _stdlib_logger(name: str) -> Any:
         processors=[
             structlog.stdlib.filter_by_level,
             structlog.processors.format_exc_info,
-            structlog.processors.KeyValueRenderer(key_order=["event"], sort_keys=True),
+            _render,
         ],
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,

@@ -30,9 +30,7 @@ FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 def text_mask(size: tuple[int, int] = (360, 90), text: str = "Hello 2024") -> Image.Image:
     """An 'L' image: 255 where the text is, 0 elsewhere."""
     mask = Image.new("L", size, 0)
-    font: Any = (
-        ImageFont.truetype(str(FONT), 40) if FONT.is_file() else ImageFont.load_default(40)
-    )
+    font: Any = ImageFont.truetype(str(FONT), 40) if FONT.is_file() else ImageFont.load_default(40)
     ImageDraw.Draw(mask).text((16, 20), text, fill=255, font=font)
     return mask
 
