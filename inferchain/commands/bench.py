@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from inferchain.bench import DYNAMIC_DIM, BenchReport, Source, run_bench
+from inferchain.commands import positive_int
 from inferchain.config import load_recipe
 from inferchain.metrics import ModelStats, Percentiles
 from inferchain.progress import Progress
@@ -24,7 +25,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--model", action="append", metavar="NAME", help="only this model (repeatable)"
     )
     bench.add_argument(
-        "--requests", type=int, default=1000, metavar="N", help="per model (default 1000)"
+        "--requests", type=positive_int, default=1000, metavar="N", help="per model (default 1000)"
     )
     bench.add_argument(
         "--dynamic-dim",

@@ -24,9 +24,9 @@ from inferchain.results import RESULTS, Mode, ResultsFile, input_key
 
 DESCRIPTION = (
     f"Run a recipe's pipeline over input files and write {RESULTS} in the output folder: one "
-    "line per item as it finishes, a result or an error ({'file', 'error'}). A failed item "
-    "does not stop the run. Exit 0 when all items succeeded, 1 when some failed, 2 on bad "
-    "input."
+    "line per item, in input order, each flushed as soon as it is written: a result, or an "
+    "error ({'file', 'error'}). A failed item does not stop the run. Exit 0 when all items "
+    "succeeded, 1 when some failed, 2 on bad input."
 )
 
 
