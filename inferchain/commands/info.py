@@ -13,7 +13,9 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     info = sub.add_parser(
         "info", parents=parents, help="a recipe's or a model file's IO and memory table"
     )
-    info.add_argument("target", help="recipe folder, its YAML file, or a .onnx / .om model")
+    info.add_argument(
+        "target", help="recipe folder, its YAML file, or a .onnx / .om model (paths or pkg://)"
+    )
     info.add_argument("--json", action="store_true", help="print JSON instead of tables")
     info.set_defaults(func=cmd_info)
 
