@@ -80,7 +80,7 @@ def test_defaults_and_derived_values(tmp_path: Path) -> None:
     r = Recipe.from_dict({"name": "x", "models": [{"name": "m", "path": str(tmp_path / "m.onnx")}]})
     m = r.model("m")
     assert (m.instances, m.max_batch_size, m.warmup) == (1, 8, True)
-    assert m.num_slots == 16
+    assert m.num_slots == 40 * 8  # about 40 batches of the model per instance
     assert r.providers == ("CPUExecutionProvider",)
     with pytest.raises(ic.ConfigError, match="no model named 'q'"):
         r.model("q")

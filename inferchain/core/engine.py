@@ -247,7 +247,8 @@ class ExecutionEngine:
         with self._lock:
             self._on_result(result)
             pending = bool(self._submitted or self._posted or self._cancelled)
-        if pending or model.batcher.num_ready:
+            pending = pending or self._scheduler.has_news or model.batcher.num_ready > 0
+        if pending:  # e.g. a dependent it unblocked, or work that arrived meanwhile
             self.wake()
         return True
 

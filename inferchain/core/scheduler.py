@@ -156,6 +156,11 @@ class Scheduler:
             heapq.heappop(deadlines)
         return deadlines[0][0] if deadlines else float("inf")
 
+    @property
+    def has_news(self) -> bool:
+        """True when the next `schedule()` may admit or fail something."""
+        return bool(self._dirty or self._failed)
+
     def waiting_works(self) -> list[Work]:
         """Every work not yet admitted: in the heaps or blocked on a dependency."""
         works = [entry[2] for q in self._queues.values() for entry in q.heap]
