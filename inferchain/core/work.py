@@ -117,6 +117,7 @@ class Work:
         failed = any(isinstance(p[2], BaseException) for p in self.pieces)
         self.state = RequestState.ERROR if failed else RequestState.DONE
         self.inputs = ()  # free the rows' memory as soon as they are finished
+        self.requests = None  # a request kept by its caller no longer keeps its siblings
         if self._done is not None:
             self._done.release()
         if self.listener is not None:

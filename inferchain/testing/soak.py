@@ -73,12 +73,14 @@ def run_soak(
         backend = FaultyBackend(OnnxRuntimeBackend(recipe), fail_p=fail_p, seed=seed)
         oi = OfflineInference(recipe, backend=backend).init()
         ends: Counter[int] = Counter()
+        final: dict[int, str] = {}  # request id -> terminal state name
         lock = threading.Lock()
-        submitted: list[Request] = []
+        submitted: list[int] = []  # ids only: keeping the requests would grow the RSS
 
         def on_end(r: Request) -> None:
             with lock:
                 ends[r.id] += 1
+                final[r.id] = r.state.name
 
         def produce(k: int, until: float) -> None:
             rng = random.Random(seed * 100 + k)
@@ -93,7 +95,7 @@ def run_soak(
                     callback=on_end,
                 )
                 with lock:
-                    submitted.extend(batch)
+                    submitted.extend(r.id for r in batch)
                 if rng.random() < 0.1:
                     batch[0].cancel()
                 if rng.random() < 0.05:
@@ -112,16 +114,17 @@ def run_soak(
         phase(min(1.0, seconds / 4))  # warm-up: allocators and rings reach their size
         with lock:
             submitted.clear()
+            final.clear()
         rss_start = rss_bytes()
         phase(seconds)
         rss_end = rss_bytes()
         oi.close()
-        states = Counter(r.state.name for r in submitted)
+        states = Counter(final[i] for i in submitted if i in final)
         return SoakReport(
             submitted=len(submitted),
             finished=dict(states),
-            duplicates=sum(1 for r in submitted if ends[r.id] > 1),
-            lost=sum(1 for r in submitted if not r.done or ends[r.id] == 0),
+            duplicates=sum(1 for i in submitted if ends[i] > 1),
+            lost=sum(1 for i in submitted if ends[i] == 0),
             rss_start=rss_start,
             rss_end=rss_end,
             injected_failures=backend.counts["failed"],
