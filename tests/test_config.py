@@ -112,5 +112,5 @@ def test_streams_default_per_backend_and_are_validated() -> None:
         Recipe.from_dict({"name": "r", "models": [{**model, "streams": 2}]})
     with pytest.raises(ic.ConfigError, match="streams must be > 0"):
         Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": 0}]})
-    with pytest.raises(ic.ConfigError, match="'models\\[0\\].streams' must be int or null"):
+    with pytest.raises(ic.ConfigError, match=r"'models\[0\]\.streams' must be int or null"):
         Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": "2"}]})

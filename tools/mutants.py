@@ -76,8 +76,7 @@ MUTATIONS = [
         ACL,
         "ret = self._acl.rt.synchronize_stream(buffer_set.stream)\n"
         '            self._call(ret, f"rt.synchronize_stream (stream',
-        "ret = ACL_SUCCESS\n"
-        '            self._call(ret, f"rt.synchronize_stream (stream',
+        'ret = ACL_SUCCESS\n            self._call(ret, f"rt.synchronize_stream (stream',
     ),
     Mutation(
         "sync-the-wrong-stream",
@@ -133,8 +132,10 @@ MUTATIONS = [
     Mutation(
         "no-input-copy",
         ACL,
-        '            self._call(ret, f"rt.memcpy_async (input {slot.name!r})")',
-        "            pass",
+        "            ret = rt.memcpy_async(\n"
+        "                slot.ptr, slot.size, slot.host_ptr, array.nbytes,",
+        "            ret = ACL_SUCCESS if slot else rt.memcpy_async(\n"
+        "                slot.ptr, slot.size, slot.host_ptr, array.nbytes,",
     ),
     Mutation(
         "gear-too-small",
@@ -151,9 +152,8 @@ MUTATIONS = [
     Mutation(
         "one-staging-buffer-for-all-sets",
         ACL,
-        "            data = [buffer_set.in_slots[i] for i in self._data_index]\n            arrays",
-        "            data = [self._sets[0].in_slots[i] for i in self._data_index]\n"
-        "            arrays",
+        "        data = [buffer_set.in_slots[i] for i in self._data_index]\n        for array",
+        "        data = [self._sets[0].in_slots[i] for i in self._data_index]\n        for array",
     ),
     Mutation(
         "free-without-destroying-data-buffers",
