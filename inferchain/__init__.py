@@ -5,7 +5,8 @@ OfflineInference -> Scheduler -> ExecutionEngine -> ModelWorker -> Backend, on O
 """
 
 from inferchain.config import ModelConfig, Recipe, load_recipe
-from inferchain.engine import Batch
+from inferchain.core.records import Batch
+from inferchain.core.request import Request, RequestState
 from inferchain.errors import (
     BackendError,
     Closed,
@@ -22,7 +23,6 @@ from inferchain.errors import (
 from inferchain.metrics import Stats
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline
-from inferchain.request import Request, RequestState
 from inferchain.tensors import ModelInfo, TensorDesc
 
 __version__ = "0.1.0"

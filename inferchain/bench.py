@@ -24,11 +24,11 @@ import attrs
 import numpy as np
 
 from inferchain.config import Recipe
+from inferchain.core.request import Request
 from inferchain.errors import ConfigError
 from inferchain.metrics import BatchTiming, Stats
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process, Step
-from inferchain.request import Request
 from inferchain.tensors import ModelInfo, TensorDesc
 
 DYNAMIC_DIM = 32  # synthetic size of a dynamic dim (not the batch dim)

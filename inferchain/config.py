@@ -209,7 +209,7 @@ class ModelConfig(_Schema):
     @property
     def num_slots(self) -> int:
         """Requests of this model that may be READY or RUNNING at once."""
-        return self.slots if self.slots is not None else 2 * self.instances * self.batch_rows
+        return self.slots if self.slots is not None else 40 * self.instances * self.batch_rows
 
 
 @attrs.frozen

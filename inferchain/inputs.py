@@ -34,6 +34,7 @@ class InputSpec:
         self.reject_nonfinite = reject_nonfinite  # NaN / inf in a float input -> InvalidInput
         self.names = tuple(t.name for t in inputs)
         self.dtypes = tuple(t.dtype for t in inputs)
+        self.batching = batching
         self.shapes = tuple(t.item_shape() if batching else t.shape for t in inputs)
         self._index = {name: i for i, name in enumerate(self.names)}
         # the common case checked in one comparison: an ndarray of the exact dtype and shape
@@ -63,6 +64,38 @@ class InputSpec:
                 )
             arrays = list(inputs)
         return tuple(self._check(i, a) for i, a in enumerate(arrays))
+
+    def rows(self, block: np.ndarray) -> np.ndarray:
+        """A one-input model's items stacked as the rows of one array, checked at once."""
+        exact = self._exact[0]
+        if exact is not None and block.dtype == exact[0] and block.shape[1:] == exact[1]:
+            return block
+        name, dtype, shape = self.names[0], self.dtypes[0], self.shapes[0]
+        where = f"model {self.model!r} input {name!r}"
+        if block.ndim != len(shape) + 1 or any(
+            d is not None and d != a for d, a in zip(shape, block.shape[1:], strict=True)
+        ):
+            raise InvalidInput(
+                f"{where}: expected rows of shape {_fmt(shape)}, got an array of "
+                f"{block.shape[0] if block.ndim else 0} rows of shape {_fmt(block.shape[1:])}"
+            )
+        if block.dtype != dtype:
+            if not np.can_cast(block.dtype, dtype, "safe"):
+                raise InvalidInput(
+                    f"{where}: expected dtype {dtype.name}, got {block.dtype.name} "
+                    "(only safe casts are applied)"
+                )
+            block = block.astype(dtype)
+        if self.reject_nonfinite and block.dtype.kind in "fc" and not np.isfinite(block).all():
+            raise InvalidInput(
+                f"{where}: NaN or infinite values (the model's nonfinite policy is reject)"
+            )
+        return block
+
+    @property
+    def takes_rows(self) -> bool:
+        """True when items may come as the rows of one array (one batched input)."""
+        return len(self.names) == 1 and self.batching
 
     def _from_mapping(self, inputs: Mapping[str, Any]) -> list[Any]:
         unknown = [k for k in inputs if k not in self._index]
@@ -114,3 +147,29 @@ class InputSpec:
         ):
             raise InvalidInput(f"{where}: expected shape {_fmt(shape)}, got {_fmt(array.shape)}")
         return array
+
+
+Item = tuple[np.ndarray, ...]  # one item's arrays, in model input order
+
+
+def runs(items: Sequence[Item]) -> list[tuple[int, int]]:
+    """Ranges [start, stop) of consecutive items whose arrays have equal shapes."""
+    out: list[tuple[int, int]] = []
+    start = 0
+    shapes = None
+    for i, item in enumerate(items):
+        s = tuple(a.shape for a in item)
+        if s != shapes:
+            if i:
+                out.append((start, i))
+            start, shapes = i, s
+    if items:
+        out.append((start, len(items)))
+    return out
+
+
+def stack(items: Sequence[Item]) -> Item:
+    """Same-shape items as one array per input, item i in row i (a view for one item)."""
+    if len(items) == 1:
+        return tuple(a[None] for a in items[0])
+    return tuple(np.stack(column) for column in zip(*items, strict=True))

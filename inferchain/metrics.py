@@ -1,4 +1,4 @@
-"""Counters and latency percentiles per model, recorded once per batch by the workers.
+"""Counters and latency percentiles per model, recorded once per batch by the engine.
 
 Stages, in milliseconds per request: `queue` (submit -> READY), `batch_wait` (READY ->
 RUNNING), `execute` (RUNNING -> finished, on the worker), and within `execute`: `run` (the
@@ -12,36 +12,20 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Iterable, Mapping
 
 import attrs
 import numpy as np
 
-from inferchain.request import Request, RequestState
+from inferchain.core.records import NO_STAGES, Batch, BatchTiming
+
+__all__ = ["NO_STAGES", "BatchTiming", "Metrics", "ModelMetrics", "ModelStats", "Stats"]
 
 STAGES = ("queue", "batch_wait", "execute", "end_to_end")  # always recorded, per request
 RUN = "run"  # Session.run per batch, counted once per request of the batch
 PIPELINE_STAGES = ("pre", "post")  # per item, where a pipeline's steps are timed
 _CAPACITY = 1 << 16  # latest samples kept per stage and model
 _TIMELINE = 4096  # latest batches kept for traces and plots (about 1 MB)
-NO_STAGES: Mapping[str, float] = MappingProxyType({})  # shared by batches without a split
-
-
-@attrs.frozen
-class BatchTiming:
-    """When one batch ran on which worker; times are `time.perf_counter()` seconds."""
-
-    model: str
-    worker: str  # e.g. "det#0"
-    size: int  # requests in the batch
-    shape_key: tuple[tuple[int, ...], ...]  # item shape of each input
-    ok: bool
-    picked: float  # the worker took the batch from its queue
-    run_start: float  # Session.run called (inputs stacked)
-    run_end: float  # Session.run returned
-    end: float  # outputs delivered to the requests
-    stages: Mapping[str, float] = NO_STAGES  # backend split, e.g. h2d/compute/d2h
 
 
 @attrs.frozen
@@ -164,9 +148,9 @@ class _Rings:
 
 
 class ModelMetrics:
-    """Recorder for one model; `record_batch` is called by its workers.
+    """Recorder for one model; the engine calls `record_batch` once per finished batch.
 
-    Recording is cheap (counters, and references to the requests' state stamps); the
+    Recording is cheap (counters, and one tuple of stamps per work slice of the batch);
     arrays and percentiles are computed only when someone asks (`samples`, `snapshot`).
     """
 
@@ -178,16 +162,20 @@ class ModelMetrics:
         self.batch_sizes: Counter[int] = Counter()
         self.first_submit: float | None = None
         self.last_done: float | None = None
-        self._stamps: deque[list[float | None]] = deque(maxlen=_CAPACITY)  # one per request
+        # per slice: (rows, submitted, admitted, dispatched, end, ok)
+        self._slices: deque[tuple[int, float, float, float, float, bool]] = deque(maxlen=_CAPACITY)
         self.timeline: deque[BatchTiming] = deque(maxlen=_TIMELINE)
 
-    def record_batch(
-        self, requests: Sequence[Request], ok: bool, timing: BatchTiming | None = None
-    ) -> None:
-        """Count a finished batch and keep its requests' state stamps."""
-        n = len(requests)
-        first = min(r._stamps[RequestState.WAITING] or 0.0 for r in requests)
-        last = requests[-1]._stamps[RequestState.DONE if ok else RequestState.ERROR]
+    def record_batch(self, timing: BatchTiming, batch: Batch) -> None:
+        """Count a finished batch and keep the stamps of its slices."""
+        n = timing.size
+        ok = timing.ok
+        end = timing.end
+        sent = batch.dispatched
+        slices = [
+            (s.rows, s.work.submitted, s.work.admitted or sent, sent, end, ok) for s in batch.slices
+        ]
+        first = min(s[1] for s in slices) if slices else end
         with self._lock:
             self.batch_sizes[n] += 1
             if ok:
@@ -196,31 +184,28 @@ class ModelMetrics:
                 self.errors += n
             if self.first_submit is None or first < self.first_submit:
                 self.first_submit = first
-            self.last_done = last
-            self._stamps.extend(r._stamps for r in requests)
-            if timing is not None:
-                self.timeline.append(timing)
+            self.last_done = end
+            self._slices.extend(slices)
+            self.timeline.append(timing)
 
     def samples(self) -> dict[str, np.ndarray]:
         """Seconds per stage (`end_to_end` included), the latest samples of each."""
         with self._lock:
-            stamps = list(self._stamps)
+            slices = list(self._slices)
             batches = [b for b in self.timeline if b.ok]
-        if not stamps:
+        if not slices:
             return {stage: np.empty(0) for stage in STAGES}
-        a = np.array(stamps, dtype=float)  # a state never entered is NaN
-        submit = a[:, RequestState.WAITING]
-        ready = a[:, RequestState.READY]
-        running = a[:, RequestState.RUNNING]
-        done = a[:, RequestState.DONE]
-        end = np.where(np.isnan(done), a[:, RequestState.ERROR], done)
+        a = np.array([s[1:5] for s in slices], dtype=float)
+        rows = np.array([s[0] for s in slices])
+        ok = np.repeat(np.array([s[5] for s in slices], dtype=bool), rows)
+        submit, ready, running, end = (np.repeat(a[:, i], rows) for i in range(4))
         samples = {
             "queue": ready - submit,
             "batch_wait": running - ready,
             "execute": end - running,
-            "end_to_end": (done - submit)[~np.isnan(done)],
+            "end_to_end": (end - submit)[ok],
         }
-        if batches:  # `run` and the backend's own stages, once per request of a batch
+        if batches:  # `run` and the backend's own stages, once per row of a batch
             sizes = np.array([b.size for b in batches])
             samples[RUN] = np.repeat([b.run_end - b.run_start for b in batches], sizes)
             for stage in {k for b in batches for k in b.stages}:

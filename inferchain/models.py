@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Iterable
 
 import attrs
 
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
+from inferchain.core.worker import ModelWorker, Outbox
 from inferchain.inputs import InputSpec
 from inferchain.memory import MemoryPlan, plan
-from inferchain.metrics import Metrics
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
-from inferchain.worker import ModelWorker
 
 
 @attrs.define
@@ -28,21 +26,17 @@ class LoadedModel:
     info: ModelInfo  # inputs, outputs, metadata
     memory: MemoryPlan  # its row of the memory budget table
 
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.info.outputs)
 
-def load_models(
-    recipe: Recipe,
-    backend: Backend,
-    metrics: Metrics,
-    on_idle: Callable[[], None],
-    finishing: Callable[[], AbstractContextManager[None]],
-) -> dict[str, LoadedModel]:
-    """Start every worker (all models load at once), read each model's description, check
-    its memory plan and warm its shapes up. On any failure, stop what started and re-raise."""
+
+def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, LoadedModel]:
+    """Start every worker (all models load at once; each posts its results to `outbox`),
+    read each model's description, check its memory plan and warm its shapes up. On any
+    failure, stop what started and re-raise."""
     workers = {
-        m.name: [
-            ModelWorker(m, i, backend, recipe.device, metrics.models[m.name], on_idle, finishing)
-            for i in range(m.instances)
-        ]
+        m.name: [ModelWorker(m, i, backend, recipe.device, outbox) for i in range(m.instances)]
         for m in recipe.models
     }
     try:

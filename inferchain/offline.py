@@ -1,46 +1,51 @@
-"""OfflineInference: the entry layer. Inputs become Requests; init once, infer many times."""
+"""OfflineInference: the entry layer. Inputs become Works and Requests; init once, infer many.
+
+A facade over `inferchain.core`: it checks inputs, turns each call into records (one `Work`
+per run of same-shape items, with per-item `Request`s where the caller wants them) and hands
+them to the ExecutionEngine, which runs the loop.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, overload
 
+import numpy as np
 import structlog
 
 from inferchain.backends.base import Backend, make_backend
-from inferchain.callbacks import CallbackThread
 from inferchain.config import ModelConfig, Recipe, load_recipe
-from inferchain.engine import ExecutionEngine
+from inferchain.core.engine import ExecutionEngine
+from inferchain.core.request import Callback, Outputs, Request, RequestState
+from inferchain.core.scheduler import Scheduler
+from inferchain.core.work import Work
 from inferchain.errors import Closed, ConfigError, InvalidInput
-from inferchain.inputs import InputSpec
+from inferchain.inputs import Item, runs, stack
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
-from inferchain.models import LoadedModel, all_workers, load_models, stop_workers
+from inferchain.models import LoadedModel, load_models
 from inferchain.pipeline import Pipeline, PipelineDriver, load_pipeline
-from inferchain.request import Callback, Outputs, Request, RequestState
-from inferchain.scheduler import Scheduler
 from inferchain.shapes import ShapePolicy
-from inferchain.streaming import stream
 from inferchain.tensors import ModelInfo
+from inferchain.window import in_flight
 
 log = structlog.get_logger(__name__)
 
 _Phase = Literal["new", "running", "closing", "closed"]
-_FAILED_KEPT = 65536  # failed requests remembered for depends_on by id
+OnError = Literal["raise", "return"]
 
 
 class OfflineInference:
     """Runs a recipe's models in this process.
 
-    `init()` loads every model once (each worker on its own thread) and starts the threads;
-    `submit`/`infer`/`map`/`run` may then be called any number of times, from any thread;
-    `close()` stops intake, drains, cancels what is left and joins every thread it started.
+    `init()` loads every model once (each worker on its own thread) and starts the engine;
+    `submit`/`infer`/`map`/`map_batches`/`run` may then be called any number of times, from
+    any thread; `close()` stops intake, drains, cancels what is left and joins every thread
+    it started.
     """
 
     def __init__(
@@ -54,16 +59,10 @@ class OfflineInference:
         self._acl_module = acl_module
         self._backend = backend
         self._phase: _Phase = "new"
-        self._lock = threading.Lock()
-        self._local = threading.local()  # per thread: inside a worker's _finishing()?
-        self._ids = itertools.count(1)
-        self._live: dict[int, Request] = {}  # submitted, not yet terminal
-        self._failed: dict[int, Request] = {}  # the latest that ended without outputs, by id
-        self._outstanding = 0  # submitted, not yet terminal
-        self._drained = threading.Condition(self._lock)
+        self._lock = threading.Lock()  # guards _phase and _next_id
+        self._next_id = 1
         self._models: dict[str, LoadedModel] = {}  # after init()
-        self._callbacks = CallbackThread()
-        self._scheduler: Scheduler | None = None
+        self._engine: ExecutionEngine | None = None
         self._pipeline: Pipeline | None = None
         self.metrics = Metrics(m.name for m in self.recipe.models)
 
@@ -76,25 +75,24 @@ class OfflineInference:
         started = time.perf_counter()
         backend = self._backend or make_backend(self.recipe, acl_module=self._acl_module)
         self._backend = backend
+        engine = ExecutionEngine(self.metrics, self.recipe.scheduler.max_queue_size)
         try:
-            self._models = load_models(
-                self.recipe, backend, self.metrics, self._wake, self._finishing
-            )
+            self._models = load_models(self.recipe, backend, engine.post)
         except BaseException:
             backend.close()
             self._phase = "closed"
             raise
-        engine = ExecutionEngine(
-            self.recipe.models, {name: m.workers for name, m in self._models.items()}
-        )
-        self._scheduler = Scheduler(
+        scheduler = Scheduler(
             self.recipe.scheduler,
             self.recipe.models,
-            engine,
-            {name: p.request_bytes for name, p in self.memory.items()},
+            {name: m.memory.request_bytes for name, m in self._models.items()},
         )
-        self._scheduler.start()
-        self._callbacks.start()
+        engine.start(
+            scheduler,
+            [(m.config, m.workers, m.shapes) for m in self._models.values()],
+            inline=not backend.thread_affine,
+        )
+        self._engine = engine
         self._phase = "running"
         if self.recipe.pipeline:
             try:
@@ -111,51 +109,29 @@ class OfflineInference:
         )
         return self
 
-    @contextlib.contextmanager
-    def _finishing(self) -> Iterator[None]:
-        """A worker finishing a batch: terminal hooks only queue; one pass at the end."""
-        local = self._local
-        local.deferred = True
-        try:
-            yield
-        finally:
-            local.deferred = False
-            self._wake()
-
-    def _wake(self) -> None:
-        """A worker became idle or healthy again: schedule now, on its thread if possible."""
-        if self._scheduler is not None:
-            self._scheduler.poke()
-
     def close(self, drain_timeout: float | None = None) -> None:
         """Stop intake, drain (bounded), cancel the rest, join every thread, release models.
 
+        Both waits are bounded by `drain_timeout` (default the recipe's `drain_timeout_s`).
         Safe to call twice, from any thread, including from a callback.
         """
         with self._lock:
             if self._phase in ("closing", "closed"):
                 return
-            was_running = self._phase == "running"
             self._phase = "closing"
-        if was_running:
+        engine = self._engine
+        if engine is not None:
             timeout = (
                 self.recipe.scheduler.drain_timeout_s if drain_timeout is None else drain_timeout
             )
-            if not self.wait_all(timeout):
-                self.cancel_all()
-                self.wait_all(None if self._on_worker_thread() else 30.0)
-            assert self._scheduler is not None
-            self._scheduler.stop()
-        stop_workers(all_workers(m.workers for m in self._models.values()))
+            if not engine.wait_all(timeout):
+                engine.cancel_all()
+                engine.wait_all(timeout)
+            engine.close()
         if self._backend is not None:
             self._backend.close()
-        self._callbacks.stop()
         self._phase = "closed"
         log.info("closed", recipe=self.recipe.name)
-
-    def _on_worker_thread(self) -> bool:
-        me = threading.current_thread().name
-        return me.startswith("inferchain-")
 
     def __enter__(self) -> Self:
         return self.init()
@@ -200,7 +176,7 @@ class OfflineInference:
     def submit_many(
         self,
         model: str,
-        items: Iterable[Any],
+        items: Iterable[Any] | np.ndarray,
         *,
         priority: int | None = None,
         timeout: float | None = None,
@@ -208,178 +184,148 @@ class OfflineInference:
         callback: Callback | None = None,
         block: bool = True,
     ) -> list[Request]:
-        """`submit` for many items at once: all are checked before any is queued."""
-        scheduler = self._running_scheduler()
-        requests = self._make_requests(
-            model, items, priority, timeout, self._resolve(depends_on), callback
+        """`submit` for many items at once (an iterable of items, or for a one-input model
+        an array whose rows are the items): all are checked before any is queued."""
+        engine = self._running_engine()
+        works = self._works(
+            model,
+            items,
+            per_item=True,
+            priority=priority,
+            timeout=timeout,
+            depends_on=self._resolve(depends_on),
+            callback=callback,
         )
-        try:
-            scheduler.submit(requests, block=block)
-        except BaseException:
-            for r in requests:
-                r.cancel()
-            raise
+        requests = [r for w in works for r in w.requests or ()]
+        for i, work in enumerate(works):
+            try:
+                engine.submit(work, block=block)
+            except BaseException:
+                for w in works[i:]:
+                    for r in w.requests or ():
+                        r.try_transition(RequestState.CANCELLED)
+                raise
         return requests
-
-    def _make_requests(
-        self,
-        model: str,
-        items: Iterable[Any],
-        priority: int | None,
-        timeout: float | None,
-        deps: tuple[Request, ...],
-        callback: Callback | None,
-    ) -> list[Request]:
-        """Checked, registered WAITING requests (not yet queued anywhere)."""
-        spec = self._spec(model)
-        config = self.recipe.model(model)
-        prio = config.priority if priority is None else priority
-        timeout = config.timeout_s if timeout is None else timeout
-        deadline = None if timeout is None else time.perf_counter() + timeout
-        hook = self._finished if callback is None else self._finished_with_callback
-        arrays = [spec.normalize(item) for item in items]
-        policy = self._models[model].shapes
-        keys = [policy.key(a) for a in arrays]
-        room = self._models[model].memory.request_bytes
-        if room is not None:
-            for a in arrays:
-                if (size := sum(x.nbytes for x in a)) > room:
-                    raise InvalidInput(
-                        f"model {model!r}: an item of {size} bytes does not fit what "
-                        f"memory_budget_mb {config.memory_budget_mb} leaves for requests "
-                        f"({room} bytes)"
-                    )
-        with self._lock:
-            if self._phase != "running":
-                raise Closed(f"cannot submit: the OfflineInference is {self._phase}")
-            requests = [
-                Request(
-                    next(self._ids),
-                    model,
-                    a,
-                    priority=prio,
-                    deadline=deadline,
-                    depends_on=deps,
-                    callback=callback,
-                    on_terminal=hook,
-                    shape_key=key,
-                )
-                for a, key in zip(arrays, keys, strict=True)
-            ]
-            self._outstanding += len(requests)
-            live = self._live
-            for r in requests:
-                live[r.id] = r
-        return requests
-
-    def _running_scheduler(self) -> Scheduler:
-        if self._phase != "running" or self._scheduler is None:
-            raise Closed(f"cannot submit: the OfflineInference is {self._phase} (call init())")
-        return self._scheduler
-
-    def _spec(self, model: str) -> InputSpec:
-        return self._model(model).spec
-
-    def _model(self, model: str) -> LoadedModel:
-        found = self._models.get(model)
-        if found is None:
-            raise InvalidInput(f"no model named {model!r} (models: {', '.join(self._models)})")
-        return found
-
-    def _resolve(self, depends_on: Iterable[Request | int]) -> tuple[Request, ...]:
-        deps = []
-        for d in depends_on:
-            if isinstance(d, Request):
-                deps.append(d)
-                continue
-            found = self._live.get(d) or self._failed.get(d)
-            if found is not None:
-                deps.append(found)
-            elif not 0 < d < self._next_id():
-                raise InvalidInput(f"depends_on: no request with id {d} was submitted here")
-            # else: it finished DONE, so the dependency holds
-        return tuple(deps)
-
-    def _next_id(self) -> int:
-        with self._lock:
-            nxt = next(self._ids)
-            self._ids = itertools.count(nxt)
-        return nxt
-
-    def _finished(self, request: Request) -> None:
-        """Terminal hook of every Request (runs on the finishing thread)."""
-        self._live.pop(request.id, None)
-        if request.outputs is None:  # remembered so that depends_on=[id] fails later too
-            failed = self._failed
-            failed[request.id] = request
-            if len(failed) > _FAILED_KEPT:
-                failed.pop(next(iter(failed)), None)
-        scheduler = self._scheduler
-        if scheduler is not None:
-            scheduler.notify_finished(request, wake=not getattr(self._local, "deferred", False))
-        with self._lock:
-            self._outstanding -= 1
-            if self._outstanding == 0:
-                self._drained.notify_all()
-
-    def _finished_with_callback(self, request: Request) -> None:
-        self._finished(request)
-        self._callbacks.put(request)
-
-    # -- convenience ----------------------------------------------------------------------
 
     def infer(self, model: str, inputs: Any, timeout: float | None = None) -> Outputs:
-        """Run one item and wait: its outputs, or raise the request's error.
+        """Run one item and wait: its outputs, or raise its error.
 
-        When the model is idle (nothing waiting or ready, a worker free) and its backend lets
-        any thread run a session (ONNX Runtime; not pyACL), the batch of one runs right here
-        on the calling thread, through the same worker code: no thread hand-off at all.
+        When the model is idle and its sessions may run on any thread (ONNX Runtime; not
+        pyACL), the engine runs the batch of one right here on the calling thread.
         """
-        scheduler = self._running_scheduler()
-        (request,) = self._make_requests(model, (inputs,), None, timeout, (), None)
-        loaded = self._models[model]
-        worker = None
-        if not getattr(self._backend, "thread_affine", True):
-            worker = scheduler.claim_idle(model, request, loaded.workers)
-        if worker is not None:
-            worker.run_inline(request)
-        else:
-            try:
-                scheduler.submit([request])
-            except BaseException:
-                request.cancel()
-                raise
-        return request.result()
+        engine = self._running_engine()
+        (work,) = self._works(model, (inputs,), timeout=timeout)
+        if not engine.run_now(work):
+            work.arm()
+            engine.submit(work)
+            work.wait()
+        result = work.item(0)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    @overload
+    def map(
+        self,
+        model: str,
+        inputs: Iterable[Any] | np.ndarray,
+        *,
+        ordered: bool = ...,
+        max_in_flight: int | None = ...,
+        priority: int | None = ...,
+        on_error: Literal["raise"] = ...,
+    ) -> Iterator[Outputs]: ...
+
+    @overload
+    def map(
+        self,
+        model: str,
+        inputs: Iterable[Any] | np.ndarray,
+        *,
+        ordered: bool = ...,
+        max_in_flight: int | None = ...,
+        priority: int | None = ...,
+        on_error: Literal["return"],
+    ) -> Iterator[Outputs | BaseException]: ...
 
     def map(
         self,
         model: str,
-        inputs: Iterable[Any],
+        inputs: Iterable[Any] | np.ndarray,
         *,
         ordered: bool = True,
         max_in_flight: int | None = None,
         priority: int | None = None,
-    ) -> Iterator[Outputs]:
-        """Stream items through `model`, keeping at most `max_in_flight` submitted.
+        on_error: OnError = "raise",
+    ) -> Iterator[Outputs | BaseException]:
+        """Stream items through `model`, keeping at most `max_in_flight` rows submitted.
 
-        Yields outputs in input order (or as they finish with `ordered=False`). An item's
-        error is raised at its turn; what is still in flight is then cancelled.
+        Yields each item's outputs in input order (or by finished work with `ordered=False`).
+        An item's error is raised at its turn (what is still in flight is then cancelled),
+        or with `on_error="return"` yielded in place of its outputs.
         """
+        for work in self._stream(model, inputs, ordered, max_in_flight, priority):
+            for result in work.items():
+                if isinstance(result, BaseException) and on_error == "raise":
+                    raise result
+                yield result
+
+    def map_batches(
+        self,
+        model: str,
+        inputs: Iterable[Any] | np.ndarray,
+        *,
+        batch_size: int | None = None,
+        max_in_flight: int | None = None,
+        priority: int | None = None,
+        on_error: OnError = "raise",
+    ) -> Iterator[dict[str, np.ndarray] | BaseException]:
+        """Stream items through `model` and yield outputs as arrays of many rows (name ->
+        array, rows in input order), like Ray Data's `map_batches`.
+
+        `inputs` is best an array whose rows are the items (a one-input model), or any
+        iterable of items. Each yielded mapping covers consecutive rows (at most
+        `batch_size`, default the model's max batch); with `on_error="return"` a failed
+        range yields its error instead.
+        """
+        size = batch_size or self.recipe.model(model).batch_rows
+        for work in self._stream(model, inputs, True, max_in_flight, priority, chunk=size):
+            for _, _, value in work.arrays():
+                if isinstance(value, BaseException) and on_error == "raise":
+                    raise value
+                yield value
+
+    def _stream(
+        self,
+        model: str,
+        inputs: Iterable[Any] | np.ndarray,
+        ordered: bool,
+        max_in_flight: int | None,
+        priority: int | None,
+        chunk: int | None = None,
+    ) -> Iterator[Work]:
+        engine = self._running_engine()
         config = self.recipe.model(model)
         limit = max_in_flight or 2 * config.num_slots
-        return stream(
-            lambda items: self.submit_many(model, items, priority=priority),
-            inputs,
-            limit=limit,
-            ordered=ordered,
-        )
+        size = chunk or config.batch_rows
+
+        def submit(
+            items: Sequence[Any] | np.ndarray, notify: Callable[[Work], None] | None
+        ) -> list[Work]:
+            works = self._works(model, items, priority=priority, listener=notify)
+            for w in works:
+                w.arm()
+                engine.submit(w)
+            return works
+
+        return in_flight(submit, inputs, limit=max(limit, size), chunk=size, ordered=ordered)
 
     def run(
         self,
         items: Iterable[Any],
         *,
         max_in_flight: int = 64,
-        on_error: Literal["raise", "return"] = "raise",
+        on_error: OnError = "raise",
     ) -> Iterator[Any]:
         """The recipe's pipeline over `items`: one result per item, in order, streaming.
 
@@ -404,24 +350,146 @@ class OfflineInference:
         """The recipe's pipeline object (the default one-model pass-through if none)."""
         return self._pipeline or self._default_pipeline()
 
+    # -- turning inputs into records ------------------------------------------------------
+
+    def _works(
+        self,
+        model: str,
+        items: Iterable[Any] | np.ndarray,
+        *,
+        per_item: bool = False,
+        priority: int | None = None,
+        timeout: float | None = None,
+        depends_on: tuple[Request, ...] = (),
+        callback: Callback | None = None,
+        listener: Callable[[Work], None] | None = None,
+    ) -> list[Work]:
+        """Checked WAITING works for `items`, one per run of same-shape items."""
+        loaded = self._model(model)
+        config = loaded.config
+        spec = loaded.spec
+        if isinstance(items, np.ndarray) and spec.takes_rows:
+            block = spec.rows(items)
+            groups: list[Item] = [(block,)] if len(block) else []
+        else:
+            arrays = [spec.normalize(item) for item in items]
+            if not spec.batching:
+                groups = list(arrays)
+            else:
+                groups = [stack(arrays[a:b]) for a, b in runs(arrays)]
+        self._check_room(loaded, groups)
+        prio = config.priority if priority is None else priority
+        timeout = config.timeout_s if timeout is None else timeout
+        now = time.perf_counter()
+        deadline = None if timeout is None else now + timeout
+        names = loaded.output_names
+        engine = self._running_engine()
+        works = []
+        for inputs in groups:
+            batched = spec.batching
+            exact = (
+                tuple(a.shape[1:] for a in inputs) if batched else tuple(a.shape for a in inputs)
+            )
+            key = loaded.shapes.key_of(exact) if batched else exact
+            rows = len(inputs[0]) if batched else 1
+            first = self._take_ids(rows if per_item else 1)
+            requests = None
+            if per_item:
+                requests = tuple(
+                    Request(
+                        first + i,
+                        model,
+                        tuple(a[i] for a in inputs) if batched else inputs,
+                        priority=prio,
+                        deadline=deadline,
+                        depends_on=depends_on,
+                        callback=callback,
+                        on_cancel=engine.cancelled,
+                    )
+                    for i in range(rows)
+                )
+            work = Work(
+                first,
+                model,
+                inputs,
+                shape_key=key,
+                exact=exact,
+                names=names,
+                submitted=now,
+                batched=batched,
+                priority=prio,
+                deadline=deadline,
+                depends_on=depends_on,
+                requests=requests,
+                on_cancel=engine.cancelled,
+                listener=listener,
+            )
+            if requests is not None:
+                for i, r in enumerate(requests):
+                    r.work = work
+                    r.row = i
+            works.append(work)
+        return works
+
+    def _check_room(self, loaded: LoadedModel, groups: Sequence[Item]) -> None:
+        room = loaded.memory.request_bytes
+        if room is None:
+            return
+        for inputs in groups:
+            rows = len(inputs[0]) if loaded.spec.batching and inputs[0].ndim else 1
+            size = sum(a.nbytes for a in inputs) // max(rows, 1)
+            if size > room:
+                raise InvalidInput(
+                    f"model {loaded.config.name!r}: an item of {size} bytes does not fit what "
+                    f"memory_budget_mb {loaded.config.memory_budget_mb} leaves for requests "
+                    f"({room} bytes)"
+                )
+
+    def _take_ids(self, n: int) -> int:
+        with self._lock:
+            if self._phase != "running":
+                raise Closed(f"cannot submit: the OfflineInference is {self._phase}")
+            first = self._next_id
+            self._next_id += n
+        return first
+
+    def _running_engine(self) -> ExecutionEngine:
+        if self._phase != "running" or self._engine is None:
+            hint = " (call init())" if self._phase == "new" else ""
+            raise Closed(f"cannot submit: the OfflineInference is {self._phase}{hint}")
+        return self._engine
+
+    def _model(self, model: str) -> LoadedModel:
+        found = self._models.get(model)
+        if found is None:
+            raise InvalidInput(f"no model named {model!r} (models: {', '.join(self._models)})")
+        return found
+
+    def _resolve(self, depends_on: Iterable[Request | int]) -> tuple[Request, ...]:
+        engine = self._running_engine()
+        deps = []
+        for d in depends_on:
+            if isinstance(d, Request):
+                deps.append(d)
+                continue
+            found = engine.live.get(d) or engine.failed.get(d)
+            if found is not None:
+                deps.append(found)
+            elif not 0 < d < self._next_id:
+                raise InvalidInput(f"depends_on: no request with id {d} was submitted here")
+            # else: it finished DONE, so the dependency holds
+        return tuple(deps)
+
     # -- waiting, cancelling, introspection -----------------------------------------------
 
     def wait_all(self, timeout: float | None = None) -> bool:
-        """WaitForAllTaskDone: True once every submitted request is terminal."""
-        with self._drained:
-            ok = self._drained.wait_for(lambda: self._outstanding == 0, timeout)
-        if ok:
-            for w in all_workers(m.workers for m in self._models.values()):
-                w.wait_all(timeout)
-        return ok
+        """WaitForAllTaskDone: True once everything submitted has ended (within `timeout`
+        seconds in all)."""
+        return self._engine.wait_all(timeout) if self._engine is not None else True
 
     def cancel_all(self) -> int:
-        """Cancel every request not yet running; returns how many were cancelled."""
-        cancelled = 0
-        for request in list(self._live.values()):
-            if request.state <= RequestState.READY and request.cancel():
-                cancelled += 1
-        return cancelled
+        """Cancel everything not yet running; returns how many requests were cancelled."""
+        return self._engine.cancel_all() if self._engine is not None else 0
 
     def model_info(self, model: str) -> ModelInfo:
         """Inputs and outputs of a loaded model: names, shapes, dtypes."""
@@ -443,10 +511,3 @@ class OfflineInference:
     def stats(self) -> Stats:
         """Throughput, batch sizes and latency percentiles per stage, per model."""
         return self.metrics.stats()
-
-    def queue_depths(self) -> Mapping[str, int]:
-        return self._scheduler.queue_depths() if self._scheduler else {}
-
-    @property
-    def num_outstanding(self) -> int:
-        return self._outstanding

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from inferchain.core.request import Outputs, Request
 from inferchain.errors import ConfigError
-from inferchain.request import Outputs, Request
 
 if TYPE_CHECKING:
     from inferchain.config import Recipe

@@ -171,7 +171,10 @@ class ShapePolicy:
 
     def key(self, arrays: Sequence[np.ndarray]) -> ShapeKey:
         """The batch key of one item; `InvalidInput` when no bucket holds it."""
-        exact = (arrays[0].shape,) if len(arrays) == 1 else tuple(a.shape for a in arrays)
+        return self.key_of(tuple(a.shape for a in arrays))
+
+    def key_of(self, exact: ShapeKey) -> ShapeKey:
+        """The batch key of items of shapes `exact`; `InvalidInput` when no bucket holds it."""
         buckets = self.buckets
         if not buckets:
             if self.strategy == "auto":
@@ -210,26 +213,15 @@ class ShapePolicy:
         return list(self.buckets)
 
 
-def stack_rows(view: np.ndarray, rows: Sequence[np.ndarray], pad_value: float) -> None:
-    """Copy item arrays into the rows of `view` (a batch buffer), padding smaller items."""
-    item = view.shape[1:]
-    for i, row in enumerate(rows):
-        if row.shape == item:
-            view[i] = row
-        else:
-            view[i].fill(pad_value)
-            index: tuple[int | slice, ...] = (i, *(slice(0, d) for d in row.shape))
-            view[index] = row
-
-
-def crop(
-    outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray], crops: Sequence[Crop]
+def crop_rows(
+    outputs: Sequence[np.ndarray], exact: Sequence[tuple[int, ...]], crops: Sequence[Crop]
 ) -> list[np.ndarray]:
-    """One item's outputs with the dims that follow an input cut back to that input's size."""
+    """Rows of outputs with the dims that follow an input cut back to the rows' own item
+    shapes `exact` (the rows were padded to a larger bucket). Views, no copy."""
     out = list(outputs)
     for c in crops:
-        index = [slice(None)] * out[c.output].ndim
+        index: list[slice] = [slice(None)] * out[c.output].ndim
         for out_dim, in_dim in c.dims.items():
-            index[out_dim] = slice(0, inputs[c.input].shape[in_dim])
+            index[out_dim + 1] = slice(0, exact[c.input][in_dim])
         out[c.output] = out[c.output][tuple(index)]
     return out

@@ -11,14 +11,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from inferchain import InvalidTransition, Request, RequestCancelled, RequestState
-from inferchain.request import TRANSITIONS
+from inferchain.core.request import TRANSITIONS
 
 S = RequestState
 LEGAL = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
 
 
 def make(on_terminal=None) -> Request:  # type: ignore[no-untyped-def]
-    return Request(1, "m", (np.zeros(3, np.float32),), on_terminal=on_terminal)
+    r = Request(1, "m", (np.zeros(3, np.float32),))
+    if on_terminal is not None:
+        r.add_done_listener(on_terminal)
+    return r
 
 
 def drive_to(request: Request, state: RequestState) -> None:
@@ -59,7 +62,7 @@ def test_every_pair_is_legal_or_rejected(start: RequestState, target: RequestSta
 
 
 class RequestMachine(RuleBasedStateMachine):
-    """Random transitions against the table; the terminal hook fires exactly once."""
+    """Random transitions against the table; a done-listener fires exactly once."""
 
     def __init__(self) -> None:
         super().__init__()

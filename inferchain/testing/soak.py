@@ -21,9 +21,9 @@ import numpy as np
 
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.config import Recipe
+from inferchain.core.request import Request
 from inferchain.errors import RequestError
 from inferchain.offline import OfflineInference
-from inferchain.request import Request
 from inferchain.testing.faults import FaultyBackend
 from inferchain.testing.models import write_mlp64
 

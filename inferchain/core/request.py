@@ -2,7 +2,10 @@
 
 A Request is the one deliberately mutable record. Every state change goes through
 `Request._move`, which checks `TRANSITIONS` under the request's lock, stamps the time and, on
-reaching a terminal state, wakes waiters and tells its owner exactly once.
+reaching a terminal state, wakes waiters and runs its done-listeners exactly once. The
+ExecutionEngine moves a request through READY, RUNNING and its end; a `cancel()` from any
+other thread is reported to the engine through `on_cancel`, so the engine hears of every
+request that ends.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class Request:
         "__weakref__",
         "_listeners",
         "_lock",
-        "_on_terminal",
+        "_on_cancel",
         "_stamps",
         "_state",
         "_waiter",
@@ -73,10 +76,10 @@ class Request:
         "id",
         "inputs",
         "model",
-        "nbytes",
         "outputs",
         "priority",
-        "shape_key",
+        "row",
+        "work",
     )
 
     def __init__(
@@ -89,8 +92,7 @@ class Request:
         deadline: float | None = None,
         depends_on: tuple[Request, ...] = (),
         callback: Callback | None = None,
-        on_terminal: Callable[[Request], None] | None = None,
-        shape_key: tuple[tuple[int, ...], ...] | None = None,
+        on_cancel: Callable[[Request], None] | None = None,
     ) -> None:
         self.id = id  # unique and increasing per OfflineInference
         self.model = model  # name of the model in the recipe
@@ -101,20 +103,14 @@ class Request:
         self.callback = callback  # called with the request once terminal (callback thread)
         self.outputs: Outputs | None = None  # name -> array, once DONE
         self.error: BaseException | None = None  # once ERROR / CANCELLED / TIMED_OUT
-        if len(inputs) == 1:  # the common case, without generator overhead
-            self.nbytes = inputs[0].nbytes  # host bytes of the inputs
-            shapes: tuple[tuple[int, ...], ...] = (inputs[0].shape,)
-        else:
-            self.nbytes = sum(a.nbytes for a in inputs)
-            shapes = tuple(a.shape for a in inputs)
-        # requests batch only with equal keys: their shapes, or the bucket they are padded to
-        self.shape_key = shapes if shape_key is None else shape_key
         self._lock = threading.Lock()
         self._state = RequestState.WAITING
         self._stamps: list[float | None] = [time.perf_counter(), None, None, None, None, None, None]
         self._waiter: threading.Lock | None = None  # held until terminal; see wait()
         self._listeners: list[Callable[[Request], None]] | None = None
-        self._on_terminal = on_terminal
+        self._on_cancel = on_cancel  # tells the engine of a cancel() made on another thread
+        self.work: object | None = None  # the Work that carries this item
+        self.row = 0  # this item's row in that Work
 
     def __repr__(self) -> str:
         return f"<Request {self.id} {self.model} {self._state.name}>"
@@ -176,8 +172,6 @@ class Request:
             if self._waiter is not None:
                 self._waiter.release()
             listeners, self._listeners = self._listeners, None
-        if self._on_terminal is not None:
-            self._on_terminal(self)
         if listeners:
             for fn in listeners:
                 fn(self)
@@ -200,9 +194,13 @@ class Request:
 
     def cancel(self) -> bool:
         """Cancel the request unless it is already running or finished; True if cancelled."""
-        return self._move(
+        if not self._move(
             RequestState.CANCELLED, None, RequestCancelled(f"request {self.id} was cancelled")
-        )
+        ):
+            return False
+        if self._on_cancel is not None:
+            self._on_cancel(self)
+        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the request is terminal; False if `timeout` seconds passed first.

@@ -8,8 +8,8 @@ import threading
 
 import structlog
 
+from inferchain.core.request import Request
 from inferchain.logs import log_safely
-from inferchain.request import Request
 
 log = structlog.get_logger(__name__)
 

@@ -1,0 +1,120 @@
+"""BuildBatch: one model's READY works grouped by shape key, cut into batches by row range.
+
+A group is sent when it holds a full batch, when its oldest row has waited the batching
+window (`max_queue_delay_ms`), or at once when every worker of the model is idle (waiting
+could only add latency then). Rows are taken in order; a Work may span several batches and
+a batch may hold rows of several Works.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from inferchain.config import ModelConfig
+from inferchain.core.records import ShapeKey, Slice
+from inferchain.core.request import RequestState
+from inferchain.core.work import Work
+
+_READY = RequestState.READY
+_RUNNING = RequestState.RUNNING
+
+
+class ModelBatcher:
+    """One model's READY works by shape key (the engine's loop is its only user)."""
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.name = model.name
+        self.max_rows = model.batch_rows
+        self.delay = model.max_queue_delay_ms / 1000.0  # seconds
+        self.groups: dict[ShapeKey, deque[Work]] = {}
+        self._rows: dict[ShapeKey, int] = {}  # rows not yet taken, per group
+        self.num_ready = 0  # rows not yet taken, all groups
+
+    def add(self, work: Work) -> None:
+        key = work.shape_key
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = deque()
+            self._rows[key] = 0
+        group.append(work)
+        left = work.rows - work.taken
+        self._rows[key] += left
+        self.num_ready += left
+
+    def due(self, now: float, all_idle: bool) -> tuple[ShapeKey | None, float]:
+        """The group to send now (the one whose oldest work waited longest among those
+        due), and when the next window expires."""
+        best: ShapeKey | None = None
+        best_t = next_due = float("inf")
+        for key, group in self.groups.items():
+            head = group[0].admitted or now
+            if all_idle or self._rows[key] >= self.max_rows or head + self.delay <= now:
+                if head < best_t:
+                    best, best_t = key, head
+            else:
+                next_due = min(next_due, head + self.delay)
+        return best, next_due
+
+    def take(self, key: ShapeKey) -> tuple[list[Slice], int]:
+        """Up to a batch of rows from group `key`: the slices and their rows. Works whose
+        rows are all taken (or were dropped by the engine) leave the group."""
+        group = self.groups[key]
+        slices: list[Slice] = []
+        rows = consumed = 0
+        while group and rows < self.max_rows:
+            work = group[0]
+            before = work.taken
+            if before < work.rows:
+                if work.requests is None:
+                    stop = min(work.rows, before + self.max_rows - rows)
+                    slices.append(Slice(work, before, stop, rows))
+                    rows += stop - before
+                    work.taken = stop
+                else:
+                    rows = self._take_requests(work, slices, rows)
+                consumed += work.taken - before
+                if work.state is _READY:
+                    work.state = _RUNNING
+            if work.taken >= work.rows:
+                group.popleft()
+        self.num_ready -= consumed
+        if group:
+            self._rows[key] -= consumed
+        else:
+            del self.groups[key], self._rows[key]
+        return slices, rows
+
+    def forget(self, work: Work, rows: int) -> None:
+        """The engine dropped `rows` untaken rows of `work` (cancelled or timed out)."""
+        key = work.shape_key
+        if key in self._rows:
+            self._rows[key] -= rows
+            self.num_ready -= rows
+
+    def _take_requests(self, work: Work, slices: list[Slice], rows: int) -> int:
+        """Rows of a work with per-item Requests: each moves to RUNNING, or is skipped
+        when it was cancelled or timed out meanwhile; runs of live rows become slices."""
+        assert work.requests is not None
+        requests = work.requests
+        start = work.taken
+        stop = min(work.rows, start + self.max_rows - rows)
+        run_start = start
+        for i in range(start, stop):
+            if not requests[i].try_transition(_RUNNING):
+                if i > run_start:
+                    slices.append(Slice(work, run_start, i, rows))
+                    rows += i - run_start
+                run_start = i + 1
+        if stop > run_start:
+            slices.append(Slice(work, run_start, stop, rows))
+            rows += stop - run_start
+        work.taken = stop
+        return rows
+
+    def drain(self) -> list[Work]:
+        """Every work still held (rows not yet taken), removed from the batcher."""
+        works = [w for group in self.groups.values() for w in group]
+        self.groups.clear()
+        self._rows.clear()
+        self.num_ready = 0
+        return works

@@ -1,0 +1,526 @@
+"""The ExecutionEngine: one loop thread that owns scheduling, batching and dispatch.
+
+`step()` is the whole control flow, in order:
+
+1. take what the workers posted (`BatchResult`, `WorkerChanged`) and what callers
+   cancelled; split the outputs back to their Works and Requests; let the Scheduler release
+   what finished works held;
+2. take new submissions into the Scheduler;
+3. `Scheduler.schedule(now)` returns a `Plan`: admitted works go to their model's batcher,
+   expired and failed ones end;
+4. for each model, group admitted rows into same-shape batches and assign each batch to a
+   free (worker, stream) pair; dispatch.
+
+Lower layers never call upward: a worker posts a record to `post()` and wakes the loop.
+The loop sleeps until a submission, a completion, a cancel, the next deadline or the end of
+a batching window: an idle engine uses no CPU. Every field below is written only by the
+loop (under `_lock`), except the inboxes and counters named as shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import structlog
+
+from inferchain.config import ModelConfig
+from inferchain.core.batcher import ModelBatcher
+from inferchain.core.callbacks import CallbackThread
+from inferchain.core.records import Batch, BatchResult, BatchTiming, Plan, Slice, WorkerChanged
+from inferchain.core.request import Request, RequestState
+from inferchain.core.scheduler import Scheduler
+from inferchain.core.work import Work
+from inferchain.core.worker import ModelWorker
+from inferchain.errors import BackendError, Closed, QueueFull, RequestCancelled, RequestTimeout
+from inferchain.logs import log_safely
+from inferchain.metrics import Metrics
+from inferchain.shapes import ShapePolicy, crop_rows
+
+log = structlog.get_logger(__name__)
+
+S = RequestState
+_FAILED_KEPT = 65536  # failed requests remembered for depends_on by id
+QUEUE_S = 0.002  # seconds of batches a one-stream worker may hold at once ...
+QUEUE_MAX = 32  # ... up to this many batches
+
+
+class _Model:
+    """One model as the engine sees it: its batcher, its workers and their free streams."""
+
+    def __init__(self, config: ModelConfig, workers: Sequence[ModelWorker], shapes: ShapePolicy):
+        self.config = config
+        self.name = config.name
+        self.batcher = ModelBatcher(config)
+        self.workers = workers
+        self.crops = shapes.crops
+        self.fail_fast = config.health.while_unhealthy == "fail"
+        # Streams of each worker that hold no batch (the engine is their one writer). A
+        # worker with one stream takes several batches at once on it, as many as run in
+        # about QUEUE_S (at least 2): the next ones wait in its queue while one runs, so
+        # short batches leave no idle gap of a thread hand-off between them.
+        self.free: list[list[int]] = [list(range(w.num_streams)) for w in workers]
+        self.in_flight = [0] * len(workers)  # batches dispatched and not yet back
+        self.batch_s = [0.0] * len(workers)  # moving average of a batch's wall time
+
+    def capacity(self, w: ModelWorker) -> int:
+        """Batches `w` may hold at once."""
+        if w.num_streams > 1:
+            return w.num_streams
+        avg = self.batch_s[w.index]
+        return QUEUE_MAX if avg <= 0 else max(2, min(QUEUE_MAX, int(QUEUE_S / avg)))
+
+    def idle(self, w: ModelWorker) -> bool:
+        """Nothing of `w` is in flight."""
+        return self.in_flight[w.index] == 0
+
+    def take_stream(self, w: ModelWorker) -> int:
+        self.in_flight[w.index] += 1
+        return self.free[w.index].pop() if w.num_streams > 1 else 0
+
+    def give_back(self, result: BatchResult) -> None:
+        batch = result.batch
+        i = batch.worker
+        self.in_flight[i] -= 1
+        if self.workers[i].num_streams > 1:
+            self.free[i].append(batch.stream)
+        t = result.timing
+        wall = t.end - t.picked
+        self.batch_s[i] = wall if self.batch_s[i] <= 0 else 0.8 * self.batch_s[i] + 0.2 * wall
+
+    def idle_worker(self) -> ModelWorker | None:
+        """A healthy worker with nothing in flight."""
+        for w in self.workers:
+            if w.healthy and self.idle(w):
+                return w
+        return None
+
+
+class ExecutionEngine:
+    """Owns the loop thread, the batchers, the workers' streams and the callback thread."""
+
+    def __init__(self, metrics: Metrics, max_queue_size: int) -> None:
+        self._metrics = metrics
+        self._max_queue = max_queue_size  # rows submitted and not yet admitted, at most
+        self._models: dict[str, _Model] = {}
+        self._scheduler: Scheduler | None = None
+        self._inline = False  # run-now on the caller's thread is allowed (set in start)
+        self._lock = threading.Lock()  # held by step() and by the run-now path
+        # shared inboxes: appended by any thread, drained by the loop
+        self._submitted: deque[Work] = deque()
+        self._posted: deque[BatchResult | WorkerChanged] = deque()
+        self._cancelled: deque[Request | Work] = deque()
+        self._wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._wake_pending = False
+        # shared counters, each under its condition
+        self._space = threading.Condition()  # guards _queued; full queues wait here
+        self._queued = 0  # rows submitted, not yet admitted nor dropped
+        self._drained = threading.Condition()  # guards _outstanding
+        self._outstanding = 0  # works submitted, not yet settled
+        self._recovering = 0  # workers re-initialising after failures
+        self.live: dict[int, Request] = {}  # requests not yet terminal, by id
+        self.failed: dict[int, Request] = {}  # the latest that ended without outputs
+        self._callbacks = CallbackThread()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="inferchain-engine", daemon=True)
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def start(
+        self,
+        scheduler: Scheduler,
+        models: Iterable[tuple[ModelConfig, Sequence[ModelWorker], ShapePolicy]],
+        *,
+        inline: bool,
+    ) -> None:
+        """Take the loaded workers and start the loop and callback threads."""
+        self._scheduler = scheduler
+        self._models = {c.name: _Model(c, w, s) for c, w, s in models}
+        self._inline = inline
+        self._callbacks.start()
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop every worker (each finishes its queue), deliver their last results, then
+        stop the loop and the callback thread. Joins every thread it started."""
+        workers = [w for m in self._models.values() for w in m.workers]
+        for w in workers:
+            w.stop()
+        for w in workers:
+            w.join()
+        with self._space:
+            self._stopping = True
+            self._space.notify_all()
+        self._wakeups.put(None)
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            self._step(time.perf_counter())  # anything posted after the loop ended
+        self._callbacks.stop()
+
+    # -- thread-safe surface --------------------------------------------------------------
+
+    def post(self, record: BatchResult | WorkerChanged) -> None:
+        """A worker's outbox: a finished batch or a change of health (worker threads)."""
+        self._posted.append(record)
+        self.wake()
+
+    def wake(self) -> None:
+        """Make the loop run a step soon (any thread; cheap when one is pending)."""
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._wakeups.put(None)
+
+    def submit(self, work: Work, block: bool = True) -> None:
+        """Queue a WAITING work; blocks (or raises `QueueFull`) at `max_queue_size` rows."""
+        rows = work.rows
+        with self._space:
+            if self._stopping:
+                raise Closed("the engine is stopped")
+            if self._queued + rows > self._max_queue and self._queued > 0:
+                if not block:
+                    raise QueueFull(
+                        f"waiting queue is full ({self._queued}/{self._max_queue} rows)"
+                    )
+                self._space.wait_for(
+                    lambda: (
+                        self._stopping
+                        or self._queued + rows <= self._max_queue
+                        or self._queued == 0
+                    )
+                )
+                if self._stopping:
+                    raise Closed("the engine is stopped")
+            self._queued += rows
+        self._register(work)
+        self._submitted.append(work)
+        self.wake()
+
+    def cancelled(self, item: Request | Work) -> None:
+        """A request was cancelled, or a work's untaken rows should be (any thread)."""
+        self._cancelled.append(item)
+        self.wake()
+
+    def run_now(self, work: Work) -> bool:
+        """Run `work` at once on the calling thread when its model is idle (nothing waiting
+        or ready, a worker with nothing in flight) and its sessions may run on any thread.
+        True when it ran (the work has settled); False and no change otherwise."""
+        if not self._inline:
+            return False
+        model = self._models[work.model]
+        assert self._scheduler is not None
+        with self._lock:
+            if self._submitted or model.batcher.num_ready:
+                return False
+            worker = model.idle_worker()
+            if worker is None or not self._scheduler.admit_now(work):
+                return False
+            now = time.perf_counter()
+            work.admitted = now
+            work.taken = work.rows
+            work.state = S.RUNNING
+            stream = model.take_stream(worker)
+            batch = Batch(
+                work.model,
+                worker.index,
+                stream,
+                (Slice(work, 0, work.rows, 0),),
+                work.rows,
+                work.shape_key,
+                now,
+            )
+        self._register(work)
+        try:
+            result = worker.run_inline(batch)
+        except BaseException as e:  # e.g. KeyboardInterrupt: end the work, then re-raise
+            end = time.perf_counter()
+            timing = BatchTiming(work.model, worker.name, work.rows, work.shape_key, False,
+                                 now, now, end, end)  # fmt: skip
+            with self._lock:
+                self._on_result(BatchResult(batch, None, e, timing))
+            raise
+        with self._lock:
+            self._on_result(result)
+            pending = bool(self._submitted or self._posted or self._cancelled)
+        if pending or model.batcher.num_ready:
+            self.wake()
+        return True
+
+    def cancel_all(self) -> int:
+        """Cancel every request and work not yet running; returns how many requests."""
+        count = 0
+        with self._lock:
+            works = list(self._submitted)
+            for m in self._models.values():
+                works.extend(w for g in m.batcher.groups.values() for w in g)
+            works.extend(self._waiting_works())
+        for work in works:
+            if work.requests is None:
+                work.cancel()
+        for request in list(self.live.values()):
+            if request.state <= S.READY and request.cancel():
+                count += 1
+        return count
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        """WaitForAllTaskDone: True once every submitted work has settled and no worker is
+        re-initialising (within `timeout` seconds in all)."""
+        with self._drained:
+            return self._drained.wait_for(
+                lambda: self._outstanding == 0 and self._recovering <= 0, timeout
+            )
+
+    def num_in_flight(self, model: str) -> int:
+        """Rows of `model` waiting or ready (approximate, any thread)."""
+        m = self._models[model]
+        assert self._scheduler is not None
+        return m.batcher.num_ready + self._scheduler.num_waiting_of(model)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        timeout: float | None = None
+        while True:
+            with contextlib.suppress(queue.Empty):
+                self._wakeups.get(timeout=timeout)
+            if self._stopping:
+                return
+            try:
+                with self._lock:
+                    timeout = self._step(time.perf_counter())
+            except Exception:  # a bug here must not strand every request: log and go on
+                log_safely(log.exception, "engine_step_failed")
+                timeout = 0.01
+
+    def _step(self, now: float) -> float | None:
+        """One step; returns how long the loop may sleep (seconds; None = until woken)."""
+        self._wake_pending = False  # before draining: a later append wakes the loop again
+        scheduler = self._scheduler
+        assert scheduler is not None
+        posted = self._posted
+        while posted:
+            record = posted.popleft()
+            if isinstance(record, BatchResult):
+                self._on_result(record)
+            else:  # WorkerChanged: healthy again, or dead
+                with self._drained:
+                    self._recovering -= 1
+                    self._drained.notify_all()
+        cancelled = self._cancelled
+        while cancelled:
+            self._on_cancelled(cancelled.popleft())
+        submitted = self._submitted
+        if submitted:
+            while submitted:
+                scheduler.add(submitted.popleft())
+        plan = scheduler.schedule(now)
+        if plan.admitted or plan.expired or plan.failed:
+            self._apply(plan)
+        next_due = scheduler.next_deadline
+        for model in self._models.values():
+            if model.batcher.num_ready:
+                next_due = min(next_due, self._dispatch(model, now))
+        if next_due == float("inf"):
+            return None
+        return max(next_due - time.perf_counter(), 0.0)
+
+    def _apply(self, plan: Plan) -> None:
+        admitted = plan.admitted
+        if admitted:
+            for work in admitted:
+                self._models[work.model].batcher.add(work)
+                if work.requests is not None:
+                    for r in work.requests:
+                        r.try_transition(S.READY)
+            self._unqueue(sum(w.rows for w in admitted))
+        for work in plan.expired:
+            timeout = RequestTimeout(
+                f"work {work.id} ({work.model}) passed its deadline while {work.state.name}"
+            )
+            self._drop_rows(work, timeout, S.TIMED_OUT)
+        for work, error in plan.failed:
+            self._drop_rows(work, error, S.ERROR)
+
+    def _dispatch(self, model: _Model, now: float) -> float:
+        """Send what is due to free (worker, stream) pairs; returns when a window ends."""
+        healthy = [w for w in model.workers if w.healthy]
+        if not healthy and (model.fail_fast or all(w.dead for w in model.workers)):
+            state = "dead" if all(w.dead for w in model.workers) else "unhealthy"
+            error = BackendError(f"every worker of model {model.name!r} is {state}")
+            for work in model.batcher.drain():
+                self._drop_rows(work, error, S.ERROR, forget=False)
+            return float("inf")
+        room = {w.index: model.capacity(w) - model.in_flight[w.index] for w in healthy}
+        if not any(n > 0 for n in room.values()):
+            return float("inf")
+        all_idle = all(model.idle(w) for w in healthy)
+        batcher = model.batcher
+        while batcher.groups:
+            worker = max(healthy, key=lambda w: room[w.index])  # the least loaded first
+            if room[worker.index] <= 0:
+                break
+            key, due_at = batcher.due(now, all_idle)
+            if key is None:
+                return due_at
+            slices, rows = batcher.take(key)
+            if not slices:
+                continue
+            room[worker.index] -= 1
+            all_idle = False
+            stream = model.take_stream(worker)
+            worker.dispatch(Batch(model.name, worker.index, stream, tuple(slices), rows, key, now))
+        return float("inf")
+
+    # -- ending rows ----------------------------------------------------------------------
+
+    def _on_result(self, result: BatchResult) -> None:
+        batch = result.batch
+        model = self._models[batch.model]
+        model.give_back(result)
+        if result.recovering:
+            with self._drained:
+                self._recovering += 1
+        self._metrics.models[batch.model].record_batch(result.timing, batch)
+        outputs = result.outputs
+        if outputs is None:
+            error = result.error or BackendError("batch failed without an error")
+            for s in batch.slices:
+                self._fail_slice(s, error)
+            return
+        for s in batch.slices:
+            work = s.work
+            if not work.batched:
+                pieces = outputs
+            else:
+                end = s.offset + s.rows
+                pieces = tuple(o[s.offset : end] for o in outputs)
+                if model.crops and work.exact != batch.shape_key:
+                    pieces = tuple(crop_rows(pieces, work.exact, model.crops))
+            if work.requests is None:
+                work.pieces.append((s.start, s.stop, pieces))
+            else:
+                self._deliver(work, s, pieces)
+            work.settled += s.rows
+            if work.settled >= work.rows:
+                self._settle(work)
+
+    def _deliver(self, work: Work, s: Slice, pieces: tuple[np.ndarray, ...]) -> None:
+        assert work.requests is not None
+        names = work.names
+        requests = work.requests[s.start : s.stop]
+        done = S.DONE
+        callbacks = self._callbacks
+        watch = self._scheduler is not None and self._scheduler.watches
+        if not work.batched:
+            rows: Iterable[tuple[np.ndarray, ...]] = (pieces,)
+        else:
+            rows = zip(*pieces, strict=True)
+        for r, row in zip(requests, rows, strict=True):
+            r.try_transition(done, outputs=dict(zip(names, row, strict=True)))
+            self._ended(r, callbacks, watch)
+
+    def _fail_slice(self, s: Slice, error: BaseException) -> None:
+        work = s.work
+        if work.requests is None:
+            work.pieces.append((s.start, s.stop, error))
+        else:
+            callbacks = self._callbacks
+            watch = self._scheduler is not None and self._scheduler.watches
+            for r in work.requests[s.start : s.stop]:
+                r.try_transition(S.ERROR, error=error)
+                self._ended(r, callbacks, watch)
+        work.settled += s.rows
+        if work.settled >= work.rows:
+            self._settle(work)
+
+    def _ended(self, r: Request, callbacks: CallbackThread, watch: object) -> None:
+        """Bookkeeping of one request that just ended (engine thread)."""
+        self.live.pop(r.id, None)
+        if r.outputs is None:
+            self._remember_failed(r)
+        if watch and self._scheduler is not None and self._scheduler.watches(r.id):
+            self._scheduler.settled(r)
+        if r.callback is not None:
+            callbacks.put(r)
+
+    def _remember_failed(self, r: Request) -> None:
+        failed = self.failed
+        failed[r.id] = r  # remembered so that depends_on=[id] fails later too
+        if len(failed) > _FAILED_KEPT:
+            failed.pop(next(iter(failed)), None)
+
+    def _on_cancelled(self, item: Request | Work) -> None:
+        if isinstance(item, Request):
+            work = item.work
+            assert isinstance(work, Work)
+            self._ended(item, self._callbacks, True)
+            work.settled += 1
+            if work.settled >= work.rows and not work.done:
+                self._settle(work)
+        elif not item.done:
+            cancelled = RequestCancelled(f"work {item.id} ({item.model}) was cancelled")
+            self._drop_rows(item, cancelled, S.CANCELLED)
+
+    def _drop_rows(
+        self, work: Work, error: BaseException, state: RequestState, forget: bool = True
+    ) -> None:
+        """End the rows of `work` that were not taken into a batch."""
+        if work.done:
+            return
+        untaken = work.rows - work.taken
+        if untaken <= 0:
+            return
+        if forget and work.state in (S.READY, S.RUNNING):
+            self._models[work.model].batcher.forget(work, untaken)
+        start = work.taken
+        work.taken = work.rows
+        if work.requests is None:
+            work.pieces.append((start, work.rows, error))
+            work.settled += untaken
+        else:
+            callbacks = self._callbacks
+            for r in work.requests[start:]:
+                if r.try_transition(state, error=error):
+                    self._ended(r, callbacks, True)
+                    work.settled += 1
+        if work.settled >= work.rows:
+            self._settle(work)
+
+    def _settle(self, work: Work) -> None:
+        """Every row of `work` has ended: free what it held and wake its waiter."""
+        assert self._scheduler is not None
+        if work.state is S.WAITING:
+            self._scheduler.drop(work)
+            self._unqueue(work.rows)
+        else:
+            self._scheduler.release(work)
+        work.finish()
+        with self._drained:
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._drained.notify_all()
+
+    # -- shared counters ------------------------------------------------------------------
+
+    def _register(self, work: Work) -> None:
+        with self._drained:
+            self._outstanding += 1
+        if work.requests is not None:
+            live = self.live
+            for r in work.requests:
+                live[r.id] = r
+
+    def _unqueue(self, rows: int) -> None:
+        with self._space:
+            self._queued -= rows
+            self._space.notify_all()
+
+    def _waiting_works(self) -> list[Work]:
+        """Works still in the Scheduler's heaps (for cancel_all; under `_lock`)."""
+        assert self._scheduler is not None
+        return self._scheduler.waiting_works()

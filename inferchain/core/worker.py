@@ -1,0 +1,356 @@
+"""The ModelWorker: one model instance on its own thread, with its streams and buffers.
+
+Device work (load, run, release) happens only on the worker's thread, as pyACL contexts
+require. The engine hands it a `Batch` on one of its streams (`dispatch`); the worker fills
+the stream's input buffers, launches the batch, keeps up to `num_streams` batches in flight,
+and posts a `BatchResult` for each to its outbox. It never calls a layer above it. `healthy`
+and `dead` are written only here; the engine reads them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import attrs
+import numpy as np
+import structlog
+
+from inferchain.backends.base import Backend, Session
+from inferchain.config import ModelConfig
+from inferchain.core.buffers import HostBuffers
+from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
+from inferchain.errors import BackendError, ConfigError, InferchainError
+from inferchain.logs import log_safely
+from inferchain.shapes import ShapePolicy
+
+log = structlog.get_logger(__name__)
+
+Outbox = Callable[[BatchResult | WorkerChanged], None]
+
+
+@attrs.frozen(eq=False)
+class _Prepare:
+    """A queue item: adopt a shape policy and warm its shapes up on the worker thread."""
+
+    policy: ShapePolicy
+    warm: bool
+    done: threading.Event
+
+
+@attrs.define
+class _InFlight:
+    """A launched batch, until its stream is collected."""
+
+    batch: Batch
+    picked: float  # taken from the queue
+    run_start: float  # the backend was called
+    error: BaseException | None = None  # the launch failed
+
+
+_RECOVER = object()  # a queue item: re-initialise the session (after an inline failure)
+
+
+class ModelWorker:
+    """Owns one backend Session, its streams, its buffers and its thread.
+
+    Life: `start()` -> `wait_ready()` (raises what loading raised) -> `prepare()` ->
+    `dispatch()` batches -> `stop()` -> `join()`. The session is released on the worker's
+    thread after the last batch, so nothing is in flight when it is torn down.
+    """
+
+    def __init__(
+        self, model: ModelConfig, index: int, backend: Backend, device: int, outbox: Outbox
+    ) -> None:
+        self.model = model
+        self.index = index
+        self.name = f"{model.name}#{index}"
+        self.healthy = True  # False while re-initialising after failures, or once dead
+        self.dead = False  # the thread ended or the model could not be reloaded
+        self.num_streams = 1  # batches in flight at once (the session's, once loaded)
+        self.consecutive_failures = 0
+        self.session: Session | None = None
+        self.shapes: ShapePolicy | None = None  # set by prepare(), before the first batch
+        self._backend = backend
+        self._device = device
+        self._outbox = outbox
+        self._batching = model.max_batch_size > 0
+        self._queue: queue.SimpleQueue[Batch | _Prepare | object | None] = queue.SimpleQueue()
+        self._buffers: HostBuffers | None = None
+        self._in_flight: deque[_InFlight] = deque()
+        self._ready = threading.Event()
+        self._init_error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._main, name=f"inferchain-worker-{self.name}", daemon=True
+        )
+
+    # -- control (any thread) -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_ready(self) -> Session:
+        """Block until the session is loaded; re-raise the error if loading failed."""
+        self._ready.wait()
+        if self._init_error is not None:
+            raise self._init_error
+        assert self.session is not None
+        return self.session
+
+    def prepare(self, policy: ShapePolicy, warm: bool) -> None:
+        """Adopt the model's shape policy; allocate (and, with `warm`, run once at the max
+        batch) the buffers of every shape known now. Blocks until the worker thread did it."""
+        done = threading.Event()
+        self._queue.put(_Prepare(policy, warm, done))
+        done.wait()
+        if self._init_error is not None:
+            raise self._init_error
+
+    def dispatch(self, batch: Batch) -> None:
+        """Queue a batch (the engine's loop thread)."""
+        self._queue.put(batch)
+
+    def run_inline(self, batch: Batch) -> BatchResult:
+        """Run one batch on the calling thread and return its result, for the engine's
+        run-now path (only for sessions any thread may use, on a worker the engine has
+        reserved: nothing of it is in flight). A worker that turns unhealthy here is
+        re-initialised on its own thread."""
+        result, _ = self._collect(self._launch(batch), inline=True)
+        if not self.healthy and not self.dead:
+            self._queue.put(_RECOVER)
+        return result
+
+    def stop(self) -> None:
+        """Finish the queued batches, then release the session on the worker thread."""
+        self._queue.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # -- the worker thread ----------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self._init()
+        except BaseException as e:  # reported to init() through wait_ready
+            self._init_error = e
+            self._ready.set()
+            self._release()
+            return
+        self._ready.set()
+        try:
+            self._serve()
+        except BaseException as e:  # the thread is dying: nothing queued may be stranded
+            self._die(e)
+        finally:
+            self._release()
+
+    def _serve(self) -> None:
+        in_flight = self._in_flight
+        get = self._queue.get
+        while True:
+            if in_flight and (len(in_flight) >= self.num_streams or self._queue.empty()):
+                self._finish(in_flight.popleft())
+                continue
+            item = get()
+            if item is None:
+                break
+            if isinstance(item, _Prepare):
+                self._prepare(item)
+            elif isinstance(item, Batch):
+                in_flight.append(self._launch(item))
+            else:  # _RECOVER
+                self._recover()
+        while in_flight:
+            self._finish(in_flight.popleft())
+
+    def _finish(self, flight: _InFlight) -> None:
+        """Collect a launched batch and post its result; then, after a crash, end the
+        thread, or after too many failures in a row, re-initialise the session."""
+        result, crash = self._collect(flight)
+        self._outbox(result)
+        if crash is not None:
+            raise crash
+        if not self.healthy:
+            self._recover()
+
+    def _init(self) -> None:
+        session = self._backend.load(self.model, self._device)
+        self.session = session
+        limit = session.max_batch_size
+        if self._batching and limit is not None and self.model.max_batch_size > limit:
+            raise ConfigError(
+                f"model {self.model.name!r}: max_batch_size {self.model.max_batch_size} "
+                f"exceeds the {limit} the loaded model accepts"
+            )
+        self.num_streams = max(1, session.num_streams)
+        pad = self.shapes.pad_value if self.shapes is not None else 0.0
+        self._buffers = HostBuffers(session.inputs, self.model.batch_rows, pad)
+        log.debug("worker_ready", worker=self.name, inputs=[t.describe() for t in session.inputs])
+
+    def _prepare(self, item: _Prepare) -> None:
+        self.shapes = item.policy
+        try:
+            assert self._buffers is not None and self.session is not None
+            self._buffers.pad_value = item.policy.pad_value
+            self._buffers.max_sets = max(self._buffers.max_sets, 2 * len(item.policy.buckets))
+            for key in item.policy.warm_keys() if self._batching else ():
+                for stream in range(self.num_streams):
+                    feed = self._buffers.get(stream, key)
+                    if item.warm:
+                        for b in feed:
+                            b.fill(0)
+                        self.session.run(feed, len(feed[0]))
+        except Exception as e:
+            self._init_error = e
+        finally:
+            item.done.set()
+
+    # -- one batch ------------------------------------------------------------------------
+
+    def _launch(self, batch: Batch) -> _InFlight:
+        """Fill the stream's buffers and start the batch. A failure here is reported when
+        the batch is collected, so results still come back in launch order."""
+        picked = time.perf_counter()
+        flight = _InFlight(batch, picked, picked)
+        try:
+            session = self.session
+            if session is None:
+                raise BackendError(f"{self.name} has no loaded model (it failed to re-initialise)")
+            assert self._buffers is not None
+            feed = self._buffers.feed(batch)
+            flight.run_start = time.perf_counter()
+            session.launch(feed, batch.rows if self._batching else 0, batch.stream)
+        except Exception as e:
+            flight.error = e
+        return flight
+
+    def _collect(
+        self, flight: _InFlight, inline: bool = False
+    ) -> tuple[BatchResult, BaseException | None]:
+        """The batch's result, and the exception that must end the thread, if any."""
+        batch = flight.batch
+        error: BaseException | None = flight.error
+        outputs: tuple[np.ndarray, ...] | None = None
+        if error is None:
+            try:
+                assert self.session is not None
+                outputs = self._outputs(self.session.collect(batch.stream), batch.rows)
+            except Exception as e:
+                error = e
+            except BaseException as e:
+                if inline:  # e.g. KeyboardInterrupt in the caller: the worker is fine
+                    raise
+                error = e
+        run_end = time.perf_counter()
+        if error is None:
+            self.consecutive_failures = 0
+            return BatchResult(batch, outputs, None, self._timing(flight, run_end, ok=True)), None
+        crash = None if isinstance(error, Exception) else error
+        self.consecutive_failures += 1
+        was_healthy = self.healthy
+        if crash is not None or self.consecutive_failures >= self.model.health.max_failures:
+            self.healthy = False  # before the engine hears of the result
+        if not isinstance(error, InferchainError):
+            error = BackendError(f"{self.name}: {type(error).__name__}: {error}")
+        log_safely(
+            log.error,
+            "batch_failed",
+            worker=self.name,
+            work_id=[s.work.id for s in batch.slices],
+            error=type(error).__name__,
+            code=getattr(error, "code", None),
+            code_name=getattr(error, "name", None),
+            detail=str(error),
+        )
+        timing = self._timing(flight, run_end, ok=False)
+        return BatchResult(batch, None, error, timing, was_healthy and not self.healthy), crash
+
+    def _outputs(self, outputs: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, ...]:
+        assert self.session is not None
+        if not self._batching:
+            return tuple(outputs)
+        if self.session.reuses_outputs:
+            return tuple(np.array(o[:n]) for o in outputs)
+        return tuple(o if len(o) == n else o[:n] for o in outputs)
+
+    def _timing(self, flight: _InFlight, run_end: float, ok: bool) -> BatchTiming:
+        batch = flight.batch
+        stages = getattr(self.session, "last_stages", None)
+        return BatchTiming(
+            model=batch.model,
+            worker=self.name,
+            size=batch.rows,
+            shape_key=batch.shape_key,
+            ok=ok,
+            picked=flight.picked,
+            run_start=max(flight.run_start, flight.picked),
+            run_end=run_end,
+            end=time.perf_counter(),
+            stages=dict(stages) if stages else NO_STAGES,
+            stream=batch.stream,
+        )
+
+    # -- failures -------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Re-initialise the session after `max_failures` failed batches in a row."""
+        log_safely(
+            log.warning, "worker_unhealthy", worker=self.name, failures=self.consecutive_failures
+        )
+        while self._in_flight:  # nothing may be in flight when the session goes
+            result, _ = self._collect(self._in_flight.popleft())
+            self._outbox(result)
+        self._release()
+        try:
+            self._init()
+        except Exception as e:
+            self._die(e)
+            return
+        self.consecutive_failures = 0
+        self.healthy = True
+        log_safely(log.info, "worker_recovered", worker=self.name)
+        self._outbox(WorkerChanged(self.model.name, self.index))
+
+    def _die(self, error: BaseException) -> None:
+        self.dead = True
+        self.healthy = False
+        cause = BackendError(f"{self.name} died: {type(error).__name__}: {error}")
+        pending = [f.batch for f in self._in_flight]
+        self._in_flight.clear()
+        while True:  # fail everything queued before anything else can go wrong
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Batch):
+                pending.append(item)
+            elif isinstance(item, _Prepare):
+                item.done.set()
+        now = time.perf_counter()
+        for batch in pending:
+            flight = _InFlight(batch, now, now)
+            self._outbox(BatchResult(batch, None, cause, self._timing(flight, now, ok=False)))
+        self._outbox(WorkerChanged(self.model.name, self.index))
+        log_safely(
+            log.error,
+            "worker_died",
+            worker=self.name,
+            error=type(error).__name__,
+            detail=str(error),
+        )
+
+    def _release(self) -> None:
+        session, self.session = self.session, None
+        if self._buffers is not None:
+            self._buffers.clear()
+        if session is None:
+            return
+        try:
+            session.close()
+        except Exception:
+            log.exception("session_close_failed", worker=self.name)
