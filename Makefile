@@ -20,7 +20,7 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	touch $@ $(STAMP_RUN)
 
 run: $(STAMP_RUN)
-	$(BIN)/inferchain run recipes/ocr --output out/ocr
+	$(BIN)/inferchain run recipes/ocr --output out/ocr --overwrite
 
 test: $(STAMP_DEV) lint typecheck pytest
 

@@ -26,7 +26,7 @@ import numpy as np
 from inferchain.config import Recipe
 from inferchain.core.request import Request
 from inferchain.errors import ConfigError
-from inferchain.metrics import BatchTiming, Stats
+from inferchain.metrics import BatchTiming, Percentiles, Stats
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process, Step
 from inferchain.tensors import ModelInfo, TensorDesc
@@ -37,6 +37,20 @@ Source = Literal["synthetic", "pipeline"]
 Inputs = dict[str, dict[str, list[int]]]  # model -> input -> synthetic item shape
 OnDone = Callable[[int], None]  # called with 0 when driving starts, then with how many more
 # requests (or items) finished
+
+
+@attrs.frozen
+class ItemStats:
+    """Items through the pipeline (the pipeline source): not model requests, of which each
+    item makes any number."""
+
+    items: int  # finished, with a result or an error
+    errors: int  # of those, failed
+    throughput: float  # items per second of wall time
+    latency_ms: Percentiles  # per item: its first step to its result
+
+    def to_dict(self) -> dict[str, object]:
+        return {**attrs.asdict(self, recurse=False), "latency_ms": self.latency_ms.to_dict()}
 
 
 @attrs.frozen(eq=False)
@@ -53,11 +67,15 @@ class BenchReport:
     stats: Stats
     timeline: tuple[BatchTiming, ...]  # every batch, by the time a worker took it
     latencies_s: np.ndarray  # end to end per request (seconds), for plots
+    items: ItemStats | None = None  # the pipeline source only
 
     def to_dict(self) -> dict[str, object]:
-        """`Stats.to_dict()` plus a `bench` section saying what ran."""
+        """`Stats.to_dict()` (model requests), a `pipeline` section with the pipeline source
+        (its items), and a `bench` section saying what ran."""
+        pipeline = {"pipeline": self.items.to_dict()} if self.items is not None else {}
         return {
             **self.stats.to_dict(),
+            **pipeline,
             "bench": {
                 "recipe": self.recipe,
                 "backend": self.backend,
@@ -151,17 +169,29 @@ class TimedPipeline(Pipeline):
     def __init__(self, inner: Pipeline) -> None:
         super().__init__(inner.oi)
         self.inner = inner
+        self.latencies_s: list[float] = []  # per finished item: first step to result
+        self.errors = 0  # items that failed
 
     def process(self, item: Any) -> Process | Any:
         started = time.perf_counter()
-        gen = self.inner.process(item)
+        try:
+            gen = self.inner.process(item)
+        except Exception:
+            self._finished(started, ok=False)
+            raise
         if not isinstance(gen, Generator):  # all its work happened in the call
             self.oi.metrics.record_item({"pre": time.perf_counter() - started})
+            self._finished(started, ok=True)
             return gen
-        return self._timed(gen)
+        return self._timed(gen, started)
 
-    def _timed(self, gen: Process) -> Process:
+    def _finished(self, started: float, *, ok: bool) -> None:
+        self.latencies_s.append(time.perf_counter() - started)
+        self.errors += not ok
+
+    def _timed(self, gen: Process, item_started: float) -> Process:
         spent = {"pre": 0.0, "post": 0.0}
+        ok = False
         stage, value, error = "pre", None, None
         closed = False  # by the driver, before the item finished: not a sample
         try:
@@ -171,6 +201,7 @@ class TimedPipeline(Pipeline):
                     step: Step = gen.send(value) if error is None else gen.throw(error)
                 except StopIteration as stop:
                     spent[stage] += time.perf_counter() - started
+                    ok = True
                     return stop.value
                 spent[stage] += time.perf_counter() - started
                 stage = "post"
@@ -185,16 +216,20 @@ class TimedPipeline(Pipeline):
         finally:
             if not closed:
                 self.oi.metrics.record_item(spent)
+                self._finished(item_started, ok=ok)
 
 
 def drive_pipeline(
     oi: OfflineInference, items: Sequence[Any], count: int, on_done: OnDone | None = None
-) -> None:
-    """`count` items (cycling through `items`) through the recipe's pipeline, timed."""
-    driver = PipelineDriver(TimedPipeline(oi.pipeline), on_error="return")
+) -> TimedPipeline:
+    """`count` items (cycling through `items`) through the recipe's pipeline, timed; the
+    timed pipeline holds each item's latency."""
+    timed = TimedPipeline(oi.pipeline)
+    driver = PipelineDriver(timed, on_error="return")
     for _ in driver.run(items[i % len(items)] for i in range(count)):
         if on_done is not None:
             on_done(1)
+    return timed
 
 
 def recipe_items(oi: OfflineInference) -> list[Any]:
@@ -259,12 +294,19 @@ def bench(
     if on_done is not None:
         on_done(0)
     started = time.perf_counter()
+    timed = None
     if items:
-        drive_pipeline(oi, items, requests, on_done)
+        timed = drive_pipeline(oi, items, requests, on_done)
     else:
         drive_all(oi, pools, requests, on_done)
     oi.wait_all()
     wall_s = time.perf_counter() - started
+    item_stats = None
+    if timed is not None:
+        done = len(timed.latencies_s)
+        rate = done / wall_s if wall_s > 0 else 0.0
+        latency = Percentiles.of(np.asarray(timed.latencies_s))
+        item_stats = ItemStats(done, timed.errors, rate, latency)
     return BenchReport(
         recipe=oi.recipe.name,
         backend=oi.recipe.backend,
@@ -276,6 +318,7 @@ def bench(
         stats=oi.stats(),
         timeline=tuple(oi.metrics.timeline()),
         latencies_s=oi.metrics.samples("end_to_end"),
+        items=item_stats,
     )
 
 

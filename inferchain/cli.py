@@ -1,8 +1,4 @@
-"""The `inferchain` command line. Each subcommand lives in `inferchain/commands/<name>.py`.
-
-Exit status 0 on success; on bad input a one-line error and status 2 (a traceback only with
-`--debug`). This is the one place that configures logging.
-"""
+"""The `inferchain` command line: parsing, logging set-up and one-line errors."""
 
 from __future__ import annotations
 
@@ -11,13 +7,27 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import structlog
 
-from inferchain.errors import InferchainError
-
 #: Subcommand modules under inferchain/commands/, in the order `--help` lists them.
 COMMANDS = ("run", "bench", "info", "doctor", "compare")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+DESCRIPTION = "Batch inference with recipes: many models in one process, batched per model."
+EPILOG = (
+    "Exit status: 0 success; 1 some items failed (run, bench), a check failed (doctor) or "
+    "outputs differ beyond tolerance (compare); 2 bad input or an error (one line on stderr, "
+    "a traceback with --debug); 130 interrupted."
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"inferchain: error: {message} (see {self.prog} --help)\n")
 
 
 def _stderr_logger(*args: object) -> structlog.PrintLogger:
@@ -46,14 +56,39 @@ def configure_logging(level: str, fmt: str) -> None:
     )
 
 
+def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The options accepted before and after the subcommand (the subcommand's copies keep
+    no default of their own, so they never reset what was given before it)."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default=default("warning"),
+        help="the least severe events shown on stderr (default warning)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "console", "json"),
+        default=default("auto"),
+        help="console on a terminal, JSON otherwise (default auto)",
+    )
+    parser.add_argument(
+        "--debug", action="store_true", default=default(False), help="show tracebacks"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inferchain", description=__doc__)
-    parser.add_argument("--log-level", default="warning", help="debug, info, warning, error")
-    parser.add_argument("--log-format", default="auto", choices=("auto", "console", "json"))
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="inferchain", description=DESCRIPTION, epilog=EPILOG)
+    _add_common(parser, defaults=True)
+    common = Parser(add_help=False)
+    _add_common(common, defaults=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"inferchain.commands.{name}").register(sub)
+        importlib.import_module(f"inferchain.commands.{name}").register(sub, [common])
     return parser
 
 
@@ -62,13 +97,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.log_level, args.log_format)
     try:
         return int(args.func(args))
-    except InferchainError as e:
+    except KeyboardInterrupt:
+        print("inferchain: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # every error is one line; the traceback only when asked for
         if args.debug:
             raise
-        print(f"inferchain: error: {e}", file=sys.stderr)
+        print(f"inferchain: error: {describe(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+
+
+def describe(error: BaseException) -> str:
+    """One line for an error: the message of inferchain's and the OS's errors, the type and
+    message of anything else."""
+    from inferchain.errors import InferchainError
+
+    if isinstance(error, InferchainError):
+        text = str(error)
+    elif isinstance(error, OSError) and error.strerror:
+        text = f"{error.filename}: {error.strerror}" if error.filename else error.strerror
+    else:
+        text = f"{type(error).__name__}: {error} (--debug shows the traceback)"
+    return " ".join(text.split()) or type(error).__name__
 
 
 if __name__ == "__main__":

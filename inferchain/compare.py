@@ -20,7 +20,7 @@ import attrs
 import numpy as np
 
 from inferchain.backends.base import Backend, make_backend
-from inferchain.config import Recipe
+from inferchain.config import PKG, Recipe, load_recipe, package_file
 from inferchain.errors import ConfigError, InvalidInput
 from inferchain.feeds import by_name, fit_inputs, load_inputs, random_inputs
 from inferchain.table import render
@@ -30,6 +30,7 @@ DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-5
 BACKENDS = ("onnxruntime", "acl")
 _SUFFIX_BACKENDS = {".om": "acl"}  # anything else: onnxruntime
+_RECIPE_SUFFIXES = (".yaml", ".yml")
 
 Inputs = str | Path | Mapping[str, np.ndarray] | None
 
@@ -127,12 +128,14 @@ def compare_models(
     seed: int = 0,
     device: int = 0,
     acl_module: object | None = None,
+    model: str | None = None,
 ) -> CompareReport:
     """Run models `a` and `b` on the same inputs and compare their outputs by position.
 
     `inputs`: None for random inputs (`random_inputs(..., batch, seed)` from A's input
     description), an `.npz` path or a mapping of arrays by A's input names (with the batch
     dim). `backend_*`: "onnxruntime" or "acl"; None picks by suffix (`.om` -> acl).
+    `a` and `b` are model files, or recipes with `model` naming the model to compare.
     `acl_module` stands in for pyACL (e.g. `inferchain.testing.fake_acl.FakeAcl()`).
     Raises ConfigError for bad arguments, InvalidInput when the inputs or outputs do not fit.
     """
@@ -140,7 +143,7 @@ def compare_models(
         raise ConfigError(f"tolerances must be >= 0, got rtol {rtol}, atol {atol}")
     if batch is not None and batch < 1:
         raise ConfigError(f"batch must be >= 1, got {batch}")
-    recipes = [_recipe(Path(p), name, device) for p, name in ((a, backend_a), (b, backend_b))]
+    recipes = [_recipe(p, name, device, model) for p, name in ((a, backend_a), (b, backend_b))]
     with contextlib.ExitStack() as stack:
         # both runtimes up front, so an acl model on each side shares one acl.init
         backends = [stack.enter_context(_opened(r, acl_module)) for r in recipes]
@@ -177,17 +180,36 @@ def _source(inputs: Inputs) -> str:
     return str(inputs) if isinstance(inputs, str | Path) else "given arrays"
 
 
-def _recipe(path: Path, backend: str | None, device: int) -> Recipe:
-    """A one-model recipe for `path`; `max_batch_size` 1 only turns batching on (sessions
-    take any batch the loaded model accepts)."""
+def _recipe(target: str | Path, backend: str | None, device: int, model: str | None) -> Recipe:
+    """A one-model recipe for a model file, or for one model of a recipe (its backend unless
+    `backend` says otherwise); `max_batch_size` 1 only turns batching on (sessions take any
+    batch the loaded model accepts)."""
     if backend is not None and backend not in BACKENDS:
         raise ConfigError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if not path.is_file():
-        raise ConfigError(f"{path}: model file not found")
-    name = backend or _SUFFIX_BACKENDS.get(path.suffix.lower(), "onnxruntime")
-    model = {"name": path.stem or "model", "path": str(path.resolve()), "max_batch_size": 1}
-    data = {"name": "compare", "backend": name, "device": device, "models": [model]}
+    path, recipe_backend = model_of(target, model)
+    name = backend or recipe_backend or _SUFFIX_BACKENDS.get(path.suffix.lower(), "onnxruntime")
+    entry = {"name": path.stem or "model", "path": str(path.resolve()), "max_batch_size": 1}
+    data = {"name": "compare", "backend": name, "device": device, "models": [entry]}
     return Recipe.from_dict(data, "", path)
+
+
+def model_of(target: str | Path, model: str | None = None) -> tuple[Path, str | None]:
+    """The model file `target` names (a path or pkg://), or the model `model` of the recipe
+    `target` names (a folder or YAML file; `model` may be left out when it has one model),
+    with that recipe's backend."""
+    text = str(target)
+    path = package_file(text, text) if text.startswith(PKG) else Path(target)
+    if path.is_file() and path.suffix.lower() not in _RECIPE_SUFFIXES:
+        return path, None
+    if not path.exists():
+        raise ConfigError(f"{text}: not found; compare takes model files or recipe folders")
+    recipe = load_recipe(target)
+    names = [m.name for m in recipe.models]
+    if model is None and len(names) > 1:
+        raise ConfigError(
+            f"{text}: a recipe with models {', '.join(names)}: pick one with --model NAME"
+        )
+    return Path(recipe.model(model or names[0]).path), recipe.backend
 
 
 @contextlib.contextmanager

@@ -7,7 +7,6 @@ recipe.
 
 from __future__ import annotations
 
-import importlib.resources
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
@@ -303,35 +302,75 @@ def _resolve_streams(model: ModelConfig, backend: object, source: Path, index: i
     return model
 
 
-def resolve_path(path: str, root: Path, what: str) -> Path:
-    """A file path for `pkg://package/rel/path`, an absolute path, or one relative to `root`."""
-    if path.startswith("pkg://"):
-        package, _, rel = path[len("pkg://") :].partition("/")
-        if importlib.util.find_spec(package) is None:
-            raise ConfigError(
-                f"{what}: package {package!r} of {path!r} is not installed (pip install it)"
-            )
-        resolved = Path(str(importlib.resources.files(package).joinpath(rel)))
+PKG = "pkg://"
+MODEL_SUFFIXES = {".onnx": "onnxruntime", ".om": "acl"}  # model file -> its backend
+
+
+def package_file(url: str, what: str) -> Path:
+    """The path `pkg://PACKAGE/relative/path` names inside an installed package.
+
+    Found from the package's import spec (its search locations), without importing it:
+    importing could fail, pull in heavy dependencies or take long.
+    """
+    package, _, rel = url[len(PKG) :].partition("/")
+    if not package or not rel:
+        raise ConfigError(f"{what}: {url!r} is not of the form pkg://PACKAGE/relative/path")
+    top, *subpackages = package.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise ConfigError(f"{what}: package {top!r} of {url!r} is not installed (pip install it)")
+    roots = list(spec.submodule_search_locations or ())
+    if not roots:
+        raise ConfigError(f"{what}: {top!r} of {url!r} is a module, not a package with files")
+    candidates = [Path(root, *subpackages, rel) for root in roots]
+    return next((c for c in candidates if c.exists()), candidates[0])
+
+
+def resolve_path(path: str, root: Path, what: str, kind: str = "model file") -> Path:
+    """A file path for `pkg://package/rel/path`, an absolute path, or one relative to `root`;
+    ConfigError naming `what` when nothing is there."""
+    if path.startswith(PKG):
+        resolved = package_file(path, what)
     else:
         resolved = Path(path) if Path(path).is_absolute() else root / path
     if not resolved.exists():
-        raise ConfigError(f"{what}: model file {path!r} does not exist ({resolved})")
+        raise ConfigError(f"{what}: {kind} {path!r} does not exist ({resolved})")
     return resolved
 
 
+def recipe_file(path: str | Path) -> Path:
+    """The YAML file of a recipe given as a folder, a YAML file or a pkg:// path to either."""
+    text = str(path)
+    p = package_file(text, text) if text.startswith(PKG) else Path(path)
+    source = p / "recipe.yaml" if p.is_dir() else p
+    if p.is_dir() and not source.is_file():
+        raise ConfigError(f"{p}: no recipe.yaml in this folder")
+    if not source.is_file():
+        raise ConfigError(f"{text}: recipe not found (a folder with recipe.yaml or a YAML file)")
+    if source.suffix.lower() in MODEL_SUFFIXES:
+        raise ConfigError(
+            f"{text}: a model file, not a recipe (a folder with recipe.yaml or a YAML file); "
+            "`inferchain info` and `inferchain compare` take model files"
+        )
+    return source
+
+
 def load_recipe(path: str | Path, **overrides: Any) -> Recipe:
-    """Load and validate a recipe from a folder holding `recipe.yaml` or from a YAML file.
+    """Load and validate a recipe from a folder holding `recipe.yaml`, from a YAML file, or
+    from a `pkg://package/path` to either.
 
     Keyword overrides replace top-level keys (`backend="acl"`); mappings are merged
     (`scheduler={"interval_ms": 1}`), and `models={"det": {"instances": 2}}` updates models
     by name.
     """
-    p = Path(path)
-    source = p / "recipe.yaml" if p.is_dir() else p
-    if not source.is_file():
-        raise ConfigError(f"{source}: recipe file not found")
+    source = recipe_file(path)
     try:
         data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: not a recipe (not UTF-8 YAML text)") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML: {e}") from None
     if not isinstance(data, dict):

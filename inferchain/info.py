@@ -13,14 +13,12 @@ from pathlib import Path
 import attrs
 
 from inferchain.backends.base import make_backend
-from inferchain.config import Recipe, load_recipe
+from inferchain.config import MODEL_SUFFIXES, PKG, Recipe, load_recipe, package_file
 from inferchain.errors import ConfigError
 from inferchain.memory import MemoryPlan
 from inferchain.models import describe
 from inferchain.table import megabytes, render
 from inferchain.tensors import ModelInfo
-
-MODEL_SUFFIXES = {".onnx": "onnxruntime", ".om": "acl"}
 
 
 @attrs.frozen
@@ -33,16 +31,28 @@ class ModelReport:
 
 
 def recipe_for(target: str | Path) -> Recipe:
-    """A recipe folder or YAML file as it is; a bare `.onnx` / `.om` file as a one-model
-    recipe with the defaults (see `docs/recipes.md`)."""
-    path = Path(target)
-    backend = MODEL_SUFFIXES.get(path.suffix.lower())
-    if backend is None or path.is_dir():
-        return load_recipe(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: model file not found")
+    """A recipe (folder, YAML file or pkg:// path to either) as it is; a bare `.onnx` / `.om`
+    model file (or pkg:// path to one) as a one-model recipe with the defaults (see
+    `docs/recipes.md`)."""
+    path = model_file(target)
+    if path is None:
+        return load_recipe(target)
     model = {"name": path.stem, "path": str(path.resolve())}
+    backend = MODEL_SUFFIXES[path.suffix.lower()]
     return Recipe.from_dict({"name": path.stem, "backend": backend, "models": [model]}, "", path)
+
+
+def model_file(target: str | Path) -> Path | None:
+    """The model file `target` names (a path or pkg://), or None when it is not one."""
+    text = str(target)
+    if Path(text).suffix.lower() not in MODEL_SUFFIXES:
+        return None
+    path = package_file(text, text) if text.startswith(PKG) else Path(target)
+    if path.is_dir():
+        return None
+    if not path.is_file():
+        raise ConfigError(f"{text}: model file not found")
+    return path
 
 
 def describe_recipe(recipe: Recipe, *, acl_module: object | None = None) -> list[ModelReport]:

@@ -15,7 +15,6 @@ from types import TracebackType
 from typing import Any, Literal, Self, overload
 
 import numpy as np
-import structlog
 
 from inferchain.backends.base import Backend, make_backend
 from inferchain.config import ModelConfig, Recipe, load_recipe
@@ -25,6 +24,7 @@ from inferchain.core.scheduler import Scheduler
 from inferchain.core.work import Work
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.inputs import Item, runs, stack
+from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
 from inferchain.models import LoadedModel, load_models
@@ -33,7 +33,7 @@ from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
 from inferchain.window import in_flight
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _Phase = Literal["new", "running", "closing", "closed"]
 OnError = Literal["raise", "return"]
@@ -71,7 +71,10 @@ class OfflineInference:
     def init(self) -> Self:
         """Load every model, pre-allocate buffers and start the threads (once)."""
         if self._phase != "new":
-            raise Closed(f"init() called on an OfflineInference that is {self._phase}")
+            raise Closed(
+                f"init() called on an OfflineInference that is {self._phase}: init() runs once; "
+                "create a new OfflineInference"
+            )
         started = time.perf_counter()
         backend = self._backend or make_backend(self.recipe, acl_module=self._acl_module)
         self._backend = backend
@@ -448,15 +451,18 @@ class OfflineInference:
     def _take_ids(self, n: int) -> int:
         with self._lock:
             if self._phase != "running":
-                raise Closed(f"cannot submit: the OfflineInference is {self._phase}")
+                raise Closed(
+                    f"cannot submit: the OfflineInference is {self._phase} "
+                    "(create a new OfflineInference)"
+                )
             first = self._next_id
             self._next_id += n
         return first
 
     def _running_engine(self) -> ExecutionEngine:
         if self._phase != "running" or self._engine is None:
-            hint = " (call init())" if self._phase == "new" else ""
-            raise Closed(f"cannot submit: the OfflineInference is {self._phase}{hint}")
+            hint = "call init() first" if self._phase == "new" else "create a new OfflineInference"
+            raise Closed(f"cannot submit: the OfflineInference is {self._phase} ({hint})")
         return self._engine
 
     def _model(self, model: str) -> LoadedModel:

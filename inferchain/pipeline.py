@@ -43,6 +43,9 @@ class Pipeline:
     is the running OfflineInference, `self.params` the recipe's `params:` mapping.
     """
 
+    #: the kinds of file (suffixes, lower case) `input_files` takes from an input folder
+    suffixes: tuple[str, ...] = (".npy",)
+
     def __init__(self, oi: OfflineInference) -> None:
         self.oi = oi
         self.recipe: Recipe = oi.recipe
@@ -62,8 +65,10 @@ class Pipeline:
         return np.load(path)
 
     def input_files(self, folder: Path) -> list[Path]:
-        """The files of an input folder this pipeline reads, in a stable order."""
-        return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".npy")
+        """The files of an input folder this pipeline reads (`suffixes`), in a stable order."""
+        return sorted(
+            p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in self.suffixes
+        )
 
     def to_record(self, result: Any) -> dict[str, Any]:
         """A JSON-serialisable record of one result (a line of results.jsonl)."""
@@ -89,11 +94,6 @@ class ImagePipeline(Pipeline):
         from inferchain.images import read_image
 
         return read_image(path)
-
-    def input_files(self, folder: Path) -> list[Path]:
-        return sorted(
-            p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in self.suffixes
-        )
 
 
 def load_pipeline(recipe: Recipe, oi: OfflineInference) -> Pipeline:

@@ -18,8 +18,9 @@ _WIDTH = 24  # characters of the bar
 class Progress:
     """Counts finished units towards `total` and shows it on `stream` (stderr by default).
 
-    On a TTY a bar is redrawn in place at most every `interval` seconds; otherwise nothing is
-    drawn until `close()`, which writes one summary line (unless `summary=False`). Lines for
+    On a TTY a bar is redrawn in place at most every `interval` seconds and whenever the count
+    reaches `total`; `close()` leaves it, at its final count, on screen. Otherwise nothing is
+    drawn, and `close()` writes one summary line (unless `summary=False`). Lines for
     stdout go through `print()` so they never tear the bar.
     """
 
@@ -53,7 +54,12 @@ class Progress:
             if n == 0 and self.count == 0:
                 self._started = now
             self.count += n
-            if self._live and not self._closed and now - self._drawn >= self._interval:
+            finished = self.total is not None and self.count >= self.total
+            if (
+                self._live
+                and not self._closed
+                and (finished or now - self._drawn >= self._interval)
+            ):
                 self._draw(now)
 
     def print(self, line: str, file: TextIO | None = None) -> None:
@@ -68,14 +74,16 @@ class Progress:
                 self._draw(time.perf_counter())
 
     def close(self) -> None:
-        """Clear the bar and write the summary line (once)."""
+        """Once: on a TTY, draw the bar at its final count and leave it on screen; otherwise
+        write the summary line (unless `summary=False`)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            if self._drawn:
-                self._stream.write("\r\x1b[K")
-            if self._summary:
+            if self._live and (self._drawn or self.count):
+                self._draw(time.perf_counter())
+                self._stream.write("\n")
+            elif self._summary:
                 self._stream.write(self.line(time.perf_counter()) + "\n")
             self._stream.flush()
 

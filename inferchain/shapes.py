@@ -17,13 +17,13 @@ from typing import Any
 
 import attrs
 import numpy as np
-import structlog
 
 from inferchain.config import ModelConfig
 from inferchain.errors import ConfigError, InvalidInput
+from inferchain.logs import get_logger
 from inferchain.tensors import TensorDesc
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Shape = tuple[int, ...]
 ShapeKey = tuple[Shape, ...]  # one item shape per model input

@@ -215,7 +215,7 @@ def test_progress_off_a_terminal_is_one_summary_line() -> None:
     assert len(lines) == 1 and lines[0].startswith("bench: 10/10 in")
 
 
-def test_progress_on_a_terminal_draws_a_bar_and_clears_it(
+def test_progress_on_a_terminal_draws_a_bar_and_leaves_it_at_the_final_count(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     stream = io.StringIO()
@@ -225,7 +225,19 @@ def test_progress_on_a_terminal_draws_a_bar_and_clears_it(
     progress.print("item line")
     progress.close()
     assert capsys.readouterr().out == "item line\n"
-    assert stream.getvalue().endswith("\r\x1b[K")  # nothing left on the line
+    last = stream.getvalue().rsplit("\r\x1b[K", 1)[1]
+    assert last.startswith("run [" + "#" * 12 + "." * 12 + "]  50% 2/4") and last.endswith("\n")
+
+
+def test_progress_bar_reaches_100_percent_even_within_the_redraw_interval() -> None:
+    """The last unit is drawn at once, though the bar was drawn a moment before."""
+    stream = io.StringIO()
+    progress = Progress(6, "run", stream=stream, interactive=True, summary=False, interval=3600)
+    for _ in range(6):
+        progress.update()
+    assert stream.getvalue().rsplit("\r\x1b[K", 1)[1].startswith("run [" + "#" * 24 + "] 100% 6/6")
+    progress.close()
+    assert stream.getvalue().endswith("\n") and "100% 6/6" in stream.getvalue().splitlines()[-1]
 
 
 class Flaky(ic.Pipeline):

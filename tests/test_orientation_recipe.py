@@ -87,5 +87,5 @@ def test_cli_bad_recipe_is_one_line_and_exit_2(
 ) -> None:
     assert main(["run", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("inferchain: error:") and "recipe file not found" in err
+    assert err.startswith("inferchain: error:") and "recipe not found" in err
     assert "Traceback" not in err

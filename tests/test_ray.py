@@ -232,3 +232,17 @@ def test_cli_run_ray_writes_parquet(tmp_path: Path) -> None:
     assert sorted(rows) == [p.name for p in SAMPLES[:5]]
     for name, row in rows.items():
         assert row["error"] is None and name.endswith(f"_rot{row['angle']}.png")
+
+
+def test_cli_run_ray_keeps_earlier_results_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ray"
+    assert main(["run", str(RECIPE), "--ray", "--limit", "3", "--output", str(out)]) == 0
+    before = (out / "results.jsonl").read_bytes()
+    assert main(["run", str(RECIPE), "--ray", "--output", str(out)]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert (out / "results.jsonl").read_bytes() == before
+    assert main(["run", str(RECIPE), "--ray", "--resume", "--output", str(out)]) == 0
+    names = [json.loads(line)["file"] for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(Path(n).name for n in names) == [p.name for p in SAMPLES]

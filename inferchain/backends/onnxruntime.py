@@ -7,14 +7,14 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-import structlog
 
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe, SessionOptions
 from inferchain.errors import BackendError, ConfigError
+from inferchain.logs import get_logger
 from inferchain.tensors import TensorDesc
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _ORT_TYPES = {
     "tensor(float)": np.float32,

@@ -9,20 +9,23 @@ from pathlib import Path
 from typing import Any
 
 from inferchain.bench import DYNAMIC_DIM, BenchReport, Source, run_bench
+from inferchain.commands import positive_int
 from inferchain.config import load_recipe
 from inferchain.metrics import ModelStats, Percentiles
 from inferchain.progress import Progress
 from inferchain.table import render
 
 
-def register(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="benchmark a recipe's models (synthetic inputs)")
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    bench = sub.add_parser(
+        "bench", parents=parents, help="benchmark a recipe's models (synthetic inputs)"
+    )
     bench.add_argument("recipe", help="recipe folder or its YAML file")
     bench.add_argument(
         "--model", action="append", metavar="NAME", help="only this model (repeatable)"
     )
     bench.add_argument(
-        "--requests", type=int, default=1000, metavar="N", help="per model (default 1000)"
+        "--requests", type=positive_int, default=1000, metavar="N", help="per model (default 1000)"
     )
     bench.add_argument(
         "--dynamic-dim",
@@ -83,9 +86,19 @@ def write_outputs(report: BenchReport, args: argparse.Namespace) -> None:
             report.timeline,
             report.latencies_s,
             workers=report.workers,
-            title=f"{report.recipe}: {report.stats.throughput:.1f} items/s",
+            title=f"{report.recipe}: {_rate(report)}",
         )
         print(f"plot in {args.plot}", file=sys.stderr)
+
+
+def _rate(report: BenchReport) -> str:
+    if report.items is not None:
+        return f"{report.items.throughput:.1f} pipeline items/s"
+    return f"{report.stats.throughput:.1f} requests/s"
+
+
+def _percentiles(p: Percentiles) -> str:
+    return f"p50 {p.p50:.2f}  p90 {p.p90:.2f}  p95 {p.p95:.2f}  p99 {p.p99:.2f}"
 
 
 def _stage_rows(stages: dict[str, Percentiles], e2e: Percentiles) -> list[list[object]]:
@@ -103,11 +116,18 @@ def format_report(report: BenchReport) -> str:
     """The report as `inferchain bench` prints it."""
     s = report.stats
     what = "items through the pipeline" if report.source == "pipeline" else "requests per model"
-    lines = [
-        f"{report.recipe} on {report.backend}: {report.requested} {what} in {report.wall_s:.2f}s",
-        f"throughput {s.throughput:.1f} items/s; latency ms p50 {s.latency_ms.p50:.2f}  "
-        f"p90 {s.latency_ms.p90:.2f}  p95 {s.latency_ms.p95:.2f}  p99 {s.latency_ms.p99:.2f}",
-    ]
+    head = f"{report.recipe} on {report.backend}: {report.requested} {what}"
+    lines = [f"{head} in {report.wall_s:.2f}s"]
+    if report.items is not None:
+        i = report.items
+        lines.append(
+            f"pipeline items: {i.items} ({i.errors} failed), {i.throughput:.1f} items/s; "
+            f"latency per item (ms) {_percentiles(i.latency_ms)}"
+        )
+    lines.append(
+        f"model requests: {s.requests} (all models), {s.throughput:.1f} requests/s; "
+        f"latency per request (ms) {_percentiles(s.latency_ms)}"
+    )
     for model, shapes in report.inputs.items():
         described = ", ".join(f"{k}{v}" for k, v in shapes.items())
         lines.append(f"synthetic inputs of {model}: {described}")

@@ -21,18 +21,25 @@ FAKE_ACL_HELP = (
 )
 
 
-def register(sub: Any) -> None:
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "compare",
+        parents=parents,
         help="precision check: run two models on the same inputs and compare their outputs",
         description=(
-            "Run MODEL_A (the reference) and MODEL_B on the same inputs and compare each output "
+            "Run MODEL_A (the reference) and MODEL_B (model files, pkg:// paths or recipe "
+            "folders) on the same inputs and compare each output "
             "by position: max abs/rel error, cosine similarity, elements beyond "
             "|B - A| <= atol + rtol * |A|. Exit 0 within tolerance, 1 beyond, 2 on bad input."
         ),
     )
-    p.add_argument("model_a", type=Path, help="the reference model (.onnx; .om with acl)")
-    p.add_argument("model_b", type=Path, help="the model to check, e.g. its conversion")
+    p.add_argument(
+        "model_a", help="the reference: a model file (.onnx; .om with acl) or a recipe folder"
+    )
+    p.add_argument("model_b", help="the model to check (e.g. its conversion), or a recipe")
+    p.add_argument(
+        "--model", metavar="NAME", help="the model of a recipe with several (same name on both)"
+    )
     p.add_argument(
         "--inputs",
         type=Path,
@@ -78,6 +85,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         seed=args.seed,
         device=args.device,
         acl_module=acl_module,
+        model=args.model,
     )
     print(report.format())
     return 0 if report.passed else 1

@@ -9,8 +9,10 @@ from inferchain.config import load_recipe
 from inferchain.doctor import diagnose, exit_status, format_checks
 
 
-def register(sub: Any) -> None:
-    doctor = sub.add_parser("doctor", help="check runtimes, providers, CANN, driver, NPUs")
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    doctor = sub.add_parser(
+        "doctor", parents=parents, help="check runtimes, providers, CANN, driver, NPUs"
+    )
     doctor.add_argument("recipe", nargs="?", help="also check that this recipe can run here")
     doctor.add_argument("-v", "--verbose", action="store_true", help="show npu-smi's output")
     doctor.set_defaults(func=cmd_doctor)

@@ -9,9 +9,13 @@ from typing import Any
 from inferchain.info import describe_recipe, format_reports, recipe_for
 
 
-def register(sub: Any) -> None:
-    info = sub.add_parser("info", help="a recipe's or a model file's IO and memory table")
-    info.add_argument("target", help="recipe folder, its YAML file, or a .onnx / .om model")
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    info = sub.add_parser(
+        "info", parents=parents, help="a recipe's or a model file's IO and memory table"
+    )
+    info.add_argument(
+        "target", help="recipe folder, its YAML file, or a .onnx / .om model (paths or pkg://)"
+    )
     info.add_argument("--json", action="store_true", help="print JSON instead of tables")
     info.set_defaults(func=cmd_info)
 

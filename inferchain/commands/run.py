@@ -1,84 +1,176 @@
-"""`inferchain run RECIPE`: the recipe's pipeline over its inputs, one line per item."""
+"""`inferchain run RECIPE`: the recipe's pipeline over its inputs, one line per item.
+
+Every item ends as one line of `results.jsonl`, a result or an error (`file`, `error`);
+one that fails does not stop the others. Exit 0 when every item has a result, 1 when one
+failed, 2 on bad input (no inputs at all, an earlier run's results in the way).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-from inferchain.config import load_recipe
-from inferchain.errors import InferchainError
+from inferchain.commands import positive_int
+from inferchain.config import Recipe, load_recipe
+from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
+from inferchain.pipeline import Pipeline, PipelineDriver, Process
 from inferchain.progress import Progress
+from inferchain.results import RESULTS, Mode, ResultsFile, input_key
+
+DESCRIPTION = (
+    f"Run a recipe's pipeline over input files and write {RESULTS} in the output folder: one "
+    "line per item, in input order, each flushed as soon as it is written: a result, or an "
+    "error ({'file', 'error'}). A failed item does not stop the run. Exit 0 when all items "
+    "succeeded, 1 when some failed, 2 on bad input."
+)
 
 
-def register(sub: Any) -> None:
-    run = sub.add_parser("run", help="run a recipe's pipeline over its inputs")
-    run.add_argument("recipe", help="recipe folder or its YAML file")
-    run.add_argument("--input", action="append", type=Path, help="file or folder (repeatable)")
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    run = sub.add_parser(
+        "run",
+        parents=parents,
+        help="run a recipe's pipeline over its inputs",
+        description=DESCRIPTION,
+    )
+    run.add_argument("recipe", help="recipe folder or its YAML file (or pkg:// to either)")
+    run.add_argument(
+        "--input",
+        action="append",
+        type=Path,
+        help="file or folder (repeatable; default: the recipe's `inputs:`)",
+    )
     run.add_argument("--output", type=Path, help="output folder (default out/<recipe name>)")
-    run.add_argument("--limit", type=int, default=None, help="at most N items")
+    run.add_argument("--limit", type=positive_int, metavar="N", help="at most N items")
+    earlier = run.add_mutually_exclusive_group()
+    earlier.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"skip the inputs that already have a result in the output's {RESULTS} (errors "
+        "are retried) and append the rest",
+    )
+    earlier.add_argument(
+        "--overwrite", action="store_true", help=f"replace an earlier run's {RESULTS}"
+    )
     run.add_argument("--ray", action="store_true", help="on Ray Data: RAY_ADDRESS or a local Ray")
-    run.add_argument("--concurrency", type=int, default=1, help="with --ray: actors (default 1)")
+    run.add_argument(
+        "--concurrency", type=positive_int, default=1, help="with --ray: actors (default 1)"
+    )
     run.set_defaults(func=cmd_run)
-
-
-def _inputs(paths: list[Path], oi: OfflineInference) -> list[Path]:
-    files: list[Path] = []
-    for p in paths:
-        if p.is_dir():
-            files.extend(oi.pipeline.input_files(p))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise InferchainError(f"--input {p}: no such file or folder")
-    return files
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     out_dir = Path(args.output or Path("out") / recipe.name)
+    mode: Mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
+    sources = _sources(recipe, args.input)
+    results = ResultsFile(out_dir, mode)
+    results.check()  # refuse before loading any model
     if args.ray:  # scale-out: the same recipe over a Ray dataset (docs/scale-out.md)
         from inferchain.integrations.ray import run_recipe
 
         level = getattr(args, "log_level", None)
-        return run_recipe(recipe, args.input, out_dir, args.concurrency, args.limit, level)
+        return run_recipe(
+            recipe, sources, out_dir, args.concurrency, args.limit, level, results=results
+        )
     with OfflineInference(recipe) as oi:
-        sources = args.input or ([recipe.root / recipe.inputs] if recipe.inputs else [])
-        if not sources:
-            raise InferchainError(f"{recipe.source}: no `inputs:` in the recipe; pass --input")
-        files = _inputs(sources, oi)[: args.limit]
-        pipeline = oi.pipeline
-        out_dir.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        failed = 0
-        loaded: dict[Path, object] = {}  # items in flight, kept for `save`
-
-        def load(f: Path) -> object:
-            loaded[f] = pipeline.load(f)
-            return loaded[f]
-
-        progress = Progress(len(files), "run", summary=False)  # a bar on a TTY only
-        with (out_dir / "results.jsonl").open("w", encoding="utf-8") as sink, progress:
-            results = oi.run((load(f) for f in files), on_error="return")
-            for source, result in zip(files, results, strict=True):
-                if isinstance(result, Exception):
-                    failed += 1
-                    progress.print(f"{source.name}: ERROR {type(result).__name__}: {result}")
-                    record = {"file": str(source), "error": f"{type(result).__name__}: {result}"}
-                else:
-                    progress.print(f"{source.name}: {pipeline.summary(result)}")
-                    record = {"file": str(source), **pipeline.to_record(result)}
-                    pipeline.save(source, loaded[source], result, out_dir)
-                loaded.pop(source, None)
-                progress.update()
-                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-        seconds = time.perf_counter() - started
-    rate = len(files) / seconds if seconds else 0.0
+        files = input_files(sources, oi.pipeline)
+        with results:
+            todo = [f for f in files if input_key(f) not in results.done][: args.limit]
+            started = time.perf_counter()
+            with Progress(len(todo), "run", summary=False) as progress:  # a bar on a TTY only
+                failed = run_files(oi, todo, results, out_dir, progress)
+            seconds = time.perf_counter() - started
+    rate = len(todo) / seconds if seconds else 0.0
+    skipped = len(files) - len(todo)
+    left_out = f"{skipped} skipped (done before or beyond --limit), " if skipped else ""
     print(
-        f"{len(files)} items, {failed} failed, {seconds:.2f}s ({rate:.1f} items/s); "
-        f"results in {out_dir / 'results.jsonl'}"
+        f"{len(todo)} items, {failed} failed, {left_out}{seconds:.2f}s ({rate:.1f} items/s); "
+        f"results in {results.path}"
     )
     return 1 if failed else 0
+
+
+def _sources(recipe: Recipe, given: Sequence[Path] | None) -> list[Path]:
+    """The --input paths, or the recipe's `inputs:`; each must exist."""
+    sources = list(given or ([recipe.root / recipe.inputs] if recipe.inputs else []))
+    if not sources:
+        raise ConfigError(f"{recipe.source}: no `inputs:` in the recipe; pass --input")
+    for p in sources:
+        if not p.exists():
+            raise ConfigError(f"--input {p}: no such file or folder")
+    return sources
+
+
+def input_files(sources: Sequence[Path], pipeline: Pipeline) -> list[Path]:
+    """The files given, and those of the folders given that the pipeline reads; ConfigError
+    naming the folders and the kinds of file when there are none at all."""
+    files: list[Path] = []
+    for p in sources:
+        files.extend(pipeline.input_files(p) if p.is_dir() else [p])
+    if not files:
+        folders = ", ".join(str(p) for p in sources)
+        kinds = ", ".join(pipeline.suffixes)
+        raise ConfigError(f"{folders}: no input files (the recipe's pipeline reads {kinds})")
+    return files
+
+
+class FileReader(Pipeline):
+    """The recipe's pipeline over `(index, path)` items: each file is loaded when its item
+    starts, so one that cannot be read fails alone; loaded items are kept for `save`."""
+
+    def __init__(self, inner: Pipeline) -> None:
+        super().__init__(inner.oi)
+        self.inner = inner
+        self.loaded: dict[int, Any] = {}  # index -> the loaded item, until its result is saved
+
+    def process(self, item: tuple[int, Path]) -> Process:
+        index, path = item
+        loaded = self.loaded[index] = self.inner.load(path)
+        work = self.inner.process(loaded)
+        if isinstance(work, Generator):
+            return (yield from work)
+        return work
+
+
+def run_files(
+    oi: OfflineInference,
+    files: Sequence[Path],
+    results: ResultsFile,
+    out_dir: Path,
+    progress: Progress,
+) -> int:
+    """Every file through the pipeline, each line written as it finishes; how many failed."""
+    pipeline = oi.pipeline
+    reader = FileReader(pipeline)
+    driver = PipelineDriver(reader, on_error="return")
+    failed = 0
+    for index, (source, result) in enumerate(zip(files, driver.run(enumerate(files)), strict=True)):
+        record = _record(pipeline, source, reader.loaded.pop(index, None), result, out_dir)
+        results.write(record)
+        progress.update()
+        if "error" in record:
+            failed += 1
+            progress.print(f"{source.name}: ERROR {record['error']}")
+        else:
+            progress.print(f"{source.name}: {pipeline.summary(result)}")
+    return failed
+
+
+def _record(
+    pipeline: Pipeline, source: Path, item: Any, result: Any, out_dir: Path
+) -> dict[str, Any]:
+    """The line of one item: its result (and its artefacts saved), or the error."""
+    if not isinstance(result, Exception):
+        try:
+            record = {"file": str(source), **pipeline.to_record(result)}
+            json.dumps(record, ensure_ascii=False)
+            pipeline.save(source, item, result, out_dir)
+            return record
+        except Exception as e:
+            result = e
+    return {"file": str(source), "error": f"{type(result).__name__}: {result}"}

@@ -6,12 +6,10 @@ from __future__ import annotations
 import queue
 import threading
 
-import structlog
-
 from inferchain.core.request import Request
-from inferchain.logs import log_safely
+from inferchain.logs import get_logger, log_safely
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class CallbackThread:

@@ -20,6 +20,7 @@ loop (under `_lock`), except the inboxes and counters named as shared.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -27,7 +28,6 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-import structlog
 
 from inferchain.config import ModelConfig
 from inferchain.core.batcher import ModelBatcher
@@ -38,11 +38,11 @@ from inferchain.core.scheduler import Scheduler
 from inferchain.core.work import Work
 from inferchain.core.worker import ModelWorker
 from inferchain.errors import BackendError, Closed, QueueFull, RequestCancelled, RequestTimeout
-from inferchain.logs import log_safely
+from inferchain.logs import get_logger, log_safely
 from inferchain.metrics import Metrics
 from inferchain.shapes import ShapePolicy, crop_rows
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 S = RequestState
 _FAILED_KEPT = 65536  # failed requests remembered for depends_on by id
@@ -386,6 +386,8 @@ class ExecutionEngine:
             with self._drained:
                 self._recovering += 1
         self._metrics.models[batch.model].record_batch(result.timing, batch)
+        if log.enabled(logging.INFO):
+            self._log_batch(result)
         outputs = result.outputs
         if outputs is None:
             error = result.error or BackendError("batch failed without an error")
@@ -408,6 +410,23 @@ class ExecutionEngine:
             work.settled += s.rows
             if work.settled >= work.rows:
                 self._settle(work)
+
+    def _log_batch(self, result: BatchResult) -> None:
+        """The canonical line per batch, where the application enabled info events."""
+        t = result.timing
+        log_safely(
+            log.info,
+            "batch",
+            model=t.model,
+            worker=t.worker,
+            stream=t.stream,
+            size=t.size,
+            ok=t.ok,
+            shape=[list(s) for s in t.shape_key],
+            run_ms=round((t.run_end - t.run_start) * 1e3, 3),
+            batch_ms=round((t.end - t.picked) * 1e3, 3),
+            work_ids=[s.work.id for s in result.batch.slices],
+        )
 
     def _deliver(self, work: Work, s: Slice, pieces: tuple[np.ndarray, ...]) -> None:
         assert work.requests is not None

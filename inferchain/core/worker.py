@@ -17,17 +17,16 @@ from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
-import structlog
 
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig
 from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
 from inferchain.errors import BackendError, ConfigError, InferchainError
-from inferchain.logs import log_safely
+from inferchain.logs import get_logger, log_safely
 from inferchain.shapes import ShapePolicy
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Outbox = Callable[[BatchResult | WorkerChanged], None]
 

@@ -21,23 +21,23 @@ what needs it raises `RayNotInstalled`, naming the `[ray]` extra. See docs/scale
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
 import numpy as np
-import structlog
 
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError, InferchainError, InvalidInput
+from inferchain.logs import get_logger
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process
+from inferchain.results import ResultsFile, input_key
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Batch = dict[str, np.ndarray]  # column name -> one value per row (Ray Data's "numpy" format)
 PATH = "path"  # the column of file paths, as `read_dataset` makes it
@@ -226,6 +226,7 @@ def read_dataset(
     *,
     list_folder: Callable[[Path], list[Path]] | None = None,
     limit: int | None = None,
+    skip: Collection[str] = (),
 ) -> Any:
     """A Ray dataset of inputs, all of one kind:
 
@@ -233,14 +234,20 @@ def read_dataset(
     - `.npy` files: one row per entry of the first axis, in a `data` column (+ `path`);
     - other files and folders: one row per file, a `path` column (absolute); a folder is
       listed by `list_folder` (default: its visible files, sorted), e.g. a pipeline's
-      `input_files`. The files must be readable at that path on every node.
+      `input_files`. The files must be readable at that path on every node; those whose
+      `inferchain.results.input_key` is in `skip` are left out (`--resume`).
     """
     ray = require_ray()
     kind = _kind([Path(p) for p in paths])
     strings = [str(Path(p).resolve()) for p in paths]
     if kind == "files":
-        files = _files([Path(p) for p in paths], list_folder or _visible_files)[:limit]
-        return ray.data.from_items([{PATH: str(f.resolve())} for f in files])
+        files = _files([Path(p) for p in paths], list_folder or _visible_files)
+        if not files:
+            raise ConfigError(f"{', '.join(map(str, paths))}: no input files")
+        todo = [f for f in files if input_key(f) not in skip][:limit]
+        return ray.data.from_items([{PATH: str(f.resolve())} for f in todo])
+    if skip:
+        raise ConfigError("--resume takes input files, not parquet or .npy datasets")
     if kind == "parquet":
         ds = ray.data.read_parquet(strings)
     else:
@@ -301,26 +308,26 @@ def map_recipe(
     )
 
 
-def write_results(ds: Any, output: Path) -> tuple[int, int]:
+def write_results(ds: Any, output: Path, results: ResultsFile | None = None) -> tuple[int, int]:
     """Write a results dataset; returns (rows, failed rows).
 
     `output` ending in `.parquet`: a folder of Parquet files written by the workers. Else
-    `output/results.jsonl`, streamed through the driver in input order, one line per item as
+    `output/results.jsonl` (`results`, opened here: by default an earlier run's file is
+    refused), streamed through the driver in input order and flushed line by line as
     `inferchain run` writes it (`file` = the `path` column; `error` only on failures).
     """
     if output.suffix == ".parquet":
         ds.write_parquet(str(output.resolve()))
         return _count_errors(require_ray().data.read_parquet(str(output.resolve())))
-    output.mkdir(parents=True, exist_ok=True)
     ds.context.execution_options.preserve_order = True
     rows = failed = 0
-    with (output / "results.jsonl").open("w", encoding="utf-8") as sink:
+    with results or ResultsFile(output) as sink:
         for table in ds.iter_batches(batch_format="pyarrow", batch_size=None):
             for row in table.to_pylist():
                 record = _jsonl_record(row)
                 failed += ERROR in record
                 rows += 1
-                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                sink.write(record)
     return rows, failed
 
 
@@ -364,24 +371,31 @@ def run_recipe(
     concurrency: int = 1,
     limit: int | None = None,
     log_level: str | None = None,
+    results: ResultsFile | None = None,
 ) -> int:
     """`inferchain run RECIPE --ray`: the recipe over `inputs` (default: the recipe's
-    `inputs:`) on Ray Data, results into `output`; the exit status (1 if an item failed)."""
+    `inputs:`) on Ray Data, results into `output` (`results`: how an earlier run's
+    `results.jsonl` is treated, see `ResultsFile`); the exit status (1 if an item failed)."""
     ray = require_ray()
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     sources = inputs or ([loaded.root / loaded.inputs] if loaded.inputs else [])
     if not sources:
         raise ConfigError(f"{loaded.source}: no `inputs:` in the recipe; pass --input")
+    parquet = output.suffix == ".parquet"
+    sink = None if parquet else (results or ResultsFile(output)).open()
     started_here = connect(max(len(os.sched_getaffinity(0)), concurrency + 1))
     try:
         started = time.perf_counter()
-        ds = read_dataset(sources, list_folder=_recipe_lister(loaded), limit=limit)
-        results = map_recipe(
+        skip = sink.done if sink is not None else ()
+        ds = read_dataset(sources, list_folder=_recipe_lister(loaded), limit=limit, skip=skip)
+        mapped = map_recipe(
             ds, loaded.source, concurrency=concurrency, on_error="return", log_level=log_level
         )
-        rows, failed = write_results(results, output)
+        rows, failed = write_results(mapped, output, sink)
         seconds = time.perf_counter() - started
     finally:
+        if sink is not None:
+            sink.close()
         if started_here:
             ray.shutdown()
     where = output if output.suffix == ".parquet" else output / "results.jsonl"

@@ -25,8 +25,9 @@ import pyclipper
 from shapely.geometry import Polygon
 
 from inferchain.errors import ConfigError, InvalidInput
-from inferchain.images import as_bgr
 from inferchain.pipeline import ImagePipeline, Process
+
+from .images import read_page
 
 if TYPE_CHECKING:
     from inferchain.offline import OfflineInference
@@ -386,7 +387,8 @@ class StageClock:
 
 
 class OcrPipeline(ImagePipeline):
-    """Page image (BGR uint8) -> lines `{"box", "text", "score"}` in RapidOCR's order."""
+    """A page (a path, bytes, an array or a PIL image) -> its lines `{"box", "text",
+    "score"}` in RapidOCR's order."""
 
     def __init__(self, oi: OfflineInference) -> None:
         super().__init__(oi)
@@ -401,11 +403,16 @@ class OcrPipeline(ImagePipeline):
         self.charset = read_charset(self.rec_settings.keys_path, metadata, rec_path)
         self.clock = StageClock()
 
+    def load(self, path: Path) -> Array:
+        """A page file, read as RapidOCR reads it (`images.read_page`)."""
+        return read_page(path)
+
     def process(self, item: Any) -> Process:
-        """One page: a det request, a cls request per line, then a rec request per line."""
+        """One page (whatever `images.read_page` takes): a det request, a cls request per
+        line, then a rec request per line."""
         clock = self.clock
         with clock("det_pre"):
-            page = prepare_page(as_bgr(item), self.page_settings)
+            page = prepare_page(read_page(item), self.page_settings)
             tensor = det_input(page.image, self.det_settings, self.det_lut)
         if tensor is None:
             return []
@@ -475,7 +482,7 @@ class OcrPipeline(ImagePipeline):
 
     def save(self, source: Path, item: Any, result: list[Line], out_dir: Path) -> None:
         """`<stem>_ocr.png`: the page with each line's box drawn."""
-        image = as_bgr(item).copy()
+        image = read_page(item).copy()
         for line in result:
             points = np.array(line["box"], np.int32).reshape(-1, 1, 2)
             cv2.polylines(image, [points], True, (0, 0, 255), 2)
