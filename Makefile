@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest bench bench-quick soak clean
+.PHONY: run test lint typecheck pytest bench bench-quick soak mutants clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -25,8 +25,8 @@ run: $(STAMP_RUN)
 test: $(STAMP_DEV) lint typecheck pytest
 
 lint: $(STAMP_DEV)
-	$(BIN)/ruff check inferchain tests benchmarks recipes
-	$(BIN)/ruff format --check inferchain tests benchmarks recipes
+	$(BIN)/ruff check inferchain tests benchmarks recipes tools
+	$(BIN)/ruff format --check inferchain tests benchmarks recipes tools
 
 typecheck: $(STAMP_DEV)
 	$(BIN)/mypy
@@ -34,13 +34,17 @@ typecheck: $(STAMP_DEV)
 pytest: $(STAMP_DEV)
 	$(BIN)/python -m pytest -q
 
-BENCHMARKS := bench_core bench_memory bench_startup bench_ocr bench_ray
+BENCHMARKS := bench_core bench_memory bench_startup bench_ocr bench_ray bench_acl_streams
 
 bench: $(STAMP_DEV)
 	for b in $(BENCHMARKS); do $(BIN)/python benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done
 
 bench-quick: BENCH_ARGS = --quick
 bench-quick: bench
+
+# single mutations of the acl backend that a card would punish: each must fail the acl tests
+mutants: $(STAMP_DEV)
+	$(BIN)/python tools/mutants.py
 
 soak: $(STAMP_DEV)
 	$(BIN)/python -m inferchain.testing.soak --seconds 600

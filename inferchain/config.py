@@ -167,6 +167,7 @@ class ModelConfig(_Schema):
         "name": str,
         "path": str,
         "instances": int,
+        "streams": (int, None),
         "max_batch_size": int,
         "max_queue_delay_ms": float,
         "priority": int,
@@ -183,6 +184,9 @@ class ModelConfig(_Schema):
     name: str
     path: str  # file path (absolute after load) or pkg://package/relative/path
     instances: int = attrs.field(default=1, validator=_positive)  # workers for this model
+    # batches in flight per worker, each with its own device buffers and stream; None = the
+    # backend's default (acl: 2, onnxruntime: 1), filled in by Recipe.from_dict
+    streams: int | None = attrs.field(default=None, validator=_positive)
     max_batch_size: int = attrs.field(default=8, validator=_non_negative)  # 0 = no batching
     max_queue_delay_ms: float = attrs.field(default=5.0, validator=_non_negative)
     priority: int = 0  # default priority of this model's requests
@@ -255,8 +259,14 @@ class Recipe(_Schema):
         models = raw.get("models")
         if not isinstance(models, list) or not models:
             raise ConfigError(f"{source}: key 'models' must be a non-empty list")
+        backend = raw.get("backend", "onnxruntime")
         raw["models"] = [
-            _resolve_model(ModelConfig.from_dict(m, f"models[{i}]", source), source, i)
+            _resolve_streams(
+                _resolve_model(ModelConfig.from_dict(m, f"models[{i}]", source), source, i),
+                backend,
+                source,
+                i,
+            )
             for i, m in enumerate(models)
         ]
         names = [m.name for m in raw["models"]]
@@ -273,6 +283,23 @@ def _resolve_model(model: ModelConfig, source: Path, index: int) -> ModelConfig:
     """Resolve a model's path: pkg:// to the installed package's file, relative to the recipe."""
     where = f"{source}: key 'models[{index}].path'"
     return attrs.evolve(model, path=str(resolve_path(model.path, source.parent, where)))
+
+
+DEFAULT_STREAMS = {"acl": 2}  # per backend; others run one batch per worker at a time
+
+
+def _resolve_streams(model: ModelConfig, backend: object, source: Path, index: int) -> ModelConfig:
+    """Fill in the backend's default `streams`; more than one needs a backend that overlaps
+    batches (acl)."""
+    default = DEFAULT_STREAMS.get(str(backend), 1)
+    if model.streams is None:
+        return attrs.evolve(model, streams=default)
+    if model.streams > 1 and str(backend) not in DEFAULT_STREAMS:
+        raise ConfigError(
+            f"{source}: key 'models[{index}].streams' is {model.streams}, but backend "
+            f"{backend!r} runs one batch per worker at a time (streams > 1 needs backend acl)"
+        )
+    return model
 
 
 PKG = "pkg://"

@@ -101,12 +101,13 @@ def format_memory(reports: Sequence[ModelReport]) -> str:
                 f"{buffers:.2f}+dyn" if m.dynamic and buffers is not None else buffers,
                 m.max_batch,
                 m.instances,
+                m.streams,
                 megabytes(m.static_bytes),
                 megabytes(m.budget_bytes),
                 fits,
             ]
         )
-    headers = ["model", "file MB", "buffers MB", "max batch", "instances", "static MB"]
+    headers = ["model", "file MB", "buffers MB", "max batch", "instances", "streams", "static MB"]
     return render([*headers, "budget MB", "fits"], rows)
 
 
@@ -117,7 +118,8 @@ def format_reports(reports: Sequence[ModelReport]) -> str:
     for r in reports:
         keys = ", ".join(sorted(r.info.metadata)) or "none"
         lines.append(f"{r.info.name}: {r.path} (metadata: {keys})")
-    lines.append("MB = MiB; buffers = input + output bytes for the max batch, one instance")
-    lines.append("(+dyn: dims known only at run time are not counted); static = (file + buffers)")
-    lines.append("x instances, which init() refuses when it exceeds memory_budget_mb")
+    lines.append("MB = MiB; buffers = input + output bytes for the max batch, one stream of one")
+    lines.append("instance, which is also what each extra stream costs (+dyn: dims known only at")
+    lines.append("run time are not counted); static = (file + buffers x streams) x instances,")
+    lines.append("which init() refuses when it exceeds memory_budget_mb")
     return "\n".join(lines)

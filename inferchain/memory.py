@@ -1,7 +1,8 @@
 """The memory budget table (R21): model size, buffers for the max batch, instances, budget.
 
 `memory_budget_mb` of a model covers its static memory (model file and pre-allocated batch
-buffers, per instance) plus the input bytes of its admitted (READY or RUNNING) requests.
+buffers, one set per stream, per instance) plus the input bytes of its admitted (READY or
+RUNNING) requests.
 `init()` refuses a model whose static memory alone exceeds the budget; the Scheduler admits
 requests only while the rest fits.
 """
@@ -40,10 +41,11 @@ class MemoryPlan:
     max_batch: int
     instances: int
     budget_bytes: int | None  # memory_budget_mb, or None for no budget
+    streams: int = 1  # buffer sets per instance: each stream beyond the first costs buffer_bytes
 
     @property
     def static_bytes(self) -> int:
-        return (self.model_bytes + self.buffer_bytes) * self.instances
+        return (self.model_bytes + self.buffer_bytes * self.streams) * self.instances
 
     @property
     def request_bytes(self) -> int | None:
@@ -56,7 +58,7 @@ class MemoryPlan:
             raise ConfigError(
                 f"model {self.model!r} needs {self.static_bytes / MB:.1f} MB "
                 f"(model {self.model_bytes / MB:.1f} MB + buffers {self.buffer_bytes / MB:.1f} MB"
-                f", x {self.instances} instances) but memory_budget_mb is "
+                f" x {self.streams} streams, x {self.instances} instances) but memory_budget_mb is "
                 f"{self.budget_bytes / MB:.1f}"
             )
 
@@ -96,4 +98,5 @@ def plan(
         max_batch=model.max_batch_size,
         instances=model.instances,
         budget_bytes=None if budget is None else int(budget * MB),
+        streams=model.streams or 1,
     )

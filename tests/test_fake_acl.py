@@ -16,7 +16,7 @@ from inferchain.testing.fake_acl import FakeAcl, FakeAclCrash, write_fake_om
 from inferchain.testing.models import write_mlp
 
 HUGE_FIRST = 0
-H2D, D2H, D2D = 1, 2, 3
+H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4
 T = TypeVar("T")
 
 
@@ -169,11 +169,12 @@ def test_stream_from_a_thread_without_its_context_fails(acl: FakeAcl) -> None:
     acl.rt.set_device(0)
     ctx, _ = acl.rt.create_context(0)
     stream, _ = acl.rt.create_stream()
-    assert on_thread(lambda: acl.rt.synchronize_stream(stream)) == 107002
+    event, _ = acl.rt.create_event()
+    assert on_thread(lambda: acl.rt.record_event(event, stream)) == 107002
 
     def other_context() -> int:
         acl.rt.set_device(0)  # current: the device's default context, not `ctx`
-        code = int(acl.rt.synchronize_stream(stream))
+        code = int(acl.rt.record_event(event, stream))
         acl.rt.reset_device(0)
         return code
 
@@ -181,9 +182,20 @@ def test_stream_from_a_thread_without_its_context_fails(acl: FakeAcl) -> None:
 
     def with_set_context() -> int:
         acl.rt.set_context(ctx)
-        return int(acl.rt.synchronize_stream(stream))
+        return int(acl.rt.record_event(event, stream))
 
     assert on_thread(with_set_context) == 0
+    assert acl.rt.synchronize_event(event) == 0
+
+
+def test_synchronize_stream_works_from_any_thread_and_context(acl: FakeAcl) -> None:
+    """The runtime switches to the stream's context itself: no 107002 / 107003 here."""
+    acl.rt.set_device(0)
+    acl.rt.create_context(0)
+    stream, _ = acl.rt.create_stream()
+    assert on_thread(lambda: acl.rt.synchronize_stream(stream)) == 0
+    acl.rt.create_context(0)  # another context, current on this thread
+    assert acl.rt.synchronize_stream(stream) == 0
 
 
 def test_model_used_from_another_context_fails(acl: FakeAcl, mlp: str) -> None:
@@ -194,17 +206,27 @@ def test_model_used_from_another_context_fails(acl: FakeAcl, mlp: str) -> None:
     assert acl.mdl.unload(loaded.model_id) == 0
 
 
-def test_destroying_a_context_in_use_is_refused(acl: FakeAcl) -> None:
+def test_destroying_a_context_takes_its_streams_along(acl: FakeAcl) -> None:
     acl.rt.set_device(0)
     ctx, _ = acl.rt.create_context(0)
-    stream, _ = acl.rt.create_stream()
-    assert acl.rt.destroy_context(ctx) == 107000
-    assert acl.rt.reset_device(0) == 107000  # the last reset with a live context
-    assert acl.rt.destroy_stream(stream) == 0
-    assert acl.rt.destroy_context(ctx) == 0
+    acl.rt.create_stream()
+    assert acl.rt.destroy_context(ctx) == 0  # as the runtime does: its streams go with it
+    assert acl.live_handles()["streams"] == 0
     assert acl.rt.destroy_context(ctx) == 107000  # now unknown
     assert acl.rt.reset_device(0) == 0
     assert acl.rt.reset_device(0) == 107001  # not set any more
+
+
+def test_teardown_ledger_refuses_what_is_still_in_use(acl: FakeAcl) -> None:
+    """Stricter than the card (documented as such): live events keep their context."""
+    acl.rt.set_device(0)
+    ctx, _ = acl.rt.create_context(0)
+    event, _ = acl.rt.create_event()
+    assert acl.rt.destroy_context(ctx) == 107000
+    assert acl.rt.reset_device(0) == 107000  # the last reset with a live context
+    assert acl.rt.destroy_event(event) == 0
+    assert acl.rt.destroy_context(ctx) == 0
+    assert acl.rt.reset_device(0) == 0
 
 
 def test_create_context_needs_a_set_device(acl: FakeAcl) -> None:
@@ -220,7 +242,7 @@ def test_malloc_rules(acl: FakeAcl) -> None:
     small.init()
     small.rt.set_device(0)
     assert small.rt.malloc(0, HUGE_FIRST) == (0, 100000)
-    assert small.rt.malloc(16, 7) == (0, 100000)
+    assert small.rt.malloc(16, 7)[1] == 0  # an unknown policy falls back to the default
     assert small.rt.malloc(2048, HUGE_FIRST) == (0, 207001)
     assert "out of memory" in small.get_recent_err_msg()
 
@@ -237,7 +259,7 @@ def test_memcpy_rules(acl: FakeAcl) -> None:
     acl.rt.set_device(0)
     dev, _ = acl.rt.malloc(64, HUGE_FIRST)
     host = np.arange(32, dtype=np.float32)  # 128 bytes
-    assert acl.rt.memcpy(dev, 64, host.ctypes.data, 128, H2D) == 100000  # count > dst_max
+    assert acl.rt.memcpy(dev, 64, host.ctypes.data, 128, H2D) == 107000  # count > dst_max
     assert acl.rt.memcpy(dev, 128, host.ctypes.data, 128, H2D) == 107000  # beyond allocation
     assert acl.rt.memcpy(host.ctypes.data, 64, dev, 64, H2D) == 107000  # dst is host memory
     assert acl.rt.memcpy(dev, 64, 0, 64, H2D) == 100000  # NULL
@@ -245,6 +267,9 @@ def test_memcpy_rules(acl: FakeAcl) -> None:
     assert acl.rt.memcpy(dev, 64, host.ctypes.data, 64, H2D) == 0
     back = np.zeros(16, np.float32)
     assert acl.rt.memcpy(back.ctypes.data, back.nbytes, dev, 64, D2H) == 0
+    np.testing.assert_array_equal(back, host[:16])
+    back[:] = 0
+    assert acl.rt.memcpy(back.ctypes.data, back.nbytes, dev, 64, DEFAULT) == 0  # sides inferred
     np.testing.assert_array_equal(back, host[:16])
 
 
@@ -488,3 +513,146 @@ def test_inject_always_until_cleared(acl: FakeAcl) -> None:
     assert acl.mdl.create_desc() == 0
     acl.clear_injections()
     assert acl.mdl.create_desc() != 0
+
+
+# -- arguments, parsed as pyACL's C wrappers do --------------------------------------------
+
+
+def test_pointers_and_sizes_must_be_python_ints(acl: FakeAcl) -> None:
+    """`k` formats take int only: a numpy.int64 count is a TypeError, as on the card."""
+    acl.rt.set_device(0)
+    dev, _ = acl.rt.malloc(64, HUGE_FIRST)
+    host = np.zeros(16, np.float32)
+    with pytest.raises(TypeError, match=r"argument 4 must be int, not numpy\.int64"):
+        acl.rt.memcpy(host.ctypes.data, 64, dev, np.prod([4, 4]) * 4, D2H)
+    with pytest.raises(TypeError, match=r"argument 1 must be int, not numpy\.int64"):
+        acl.rt.malloc(np.int64(64), HUGE_FIRST)
+    assert acl.rt.malloc(64, np.int32(HUGE_FIRST))[1] == 0  # `i` takes any integer
+    assert acl.rt.memcpy(host.ctypes.data, 64, dev, 64, np.int64(D2H)) == 0
+    assert acl.errors == []  # refused before the call: no return code
+
+
+def test_keyword_arguments_are_refused_everywhere(acl: FakeAcl, mlp: str) -> None:
+    acl.rt.set_device(0)
+    with pytest.raises(TypeError, match="takes no keyword arguments"):
+        acl.rt.malloc(size=64, policy=HUGE_FIRST)
+    with pytest.raises(TypeError, match="takes no keyword arguments"):
+        acl.mdl.load_from_file(model_path=mlp)
+    with pytest.raises(TypeError, match="exactly 2 arguments"):
+        acl.rt.malloc(64)
+
+
+def test_init_takes_a_str_path_or_nothing() -> None:
+    acl = FakeAcl()
+    with pytest.raises(TypeError, match="must be str, not None"):
+        acl.init(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes no keyword arguments"):
+        acl.init(config_path="acl.json")
+    assert acl.init() == 0
+
+
+def test_set_context_null_is_invalid_param(acl: FakeAcl) -> None:
+    acl.rt.set_device(0)
+    assert acl.rt.set_context(0) == 100000
+    assert acl.rt.set_context(12345) == 107000
+
+
+def test_free_needs_no_current_context(acl: FakeAcl) -> None:
+    acl.rt.set_device(0)
+    ptr, _ = acl.rt.malloc(64, HUGE_FIRST)
+    assert on_thread(lambda: acl.rt.free(ptr)) == 0
+
+
+# -- async copies, ordering and the time model --------------------------------------------
+
+
+def test_memcpy_async_needs_64_byte_aligned_addresses(acl: FakeAcl) -> None:
+    acl.rt.set_device(0)
+    stream, _ = acl.rt.create_stream()
+    dev, _ = acl.rt.malloc(256, HUGE_FIRST)
+    host, _ = acl.rt.malloc_host(256)
+    assert host % 64 == 0 and dev % 64 == 0
+    assert acl.rt.memcpy_async(dev, 128, host + 8, 64, H2D, stream) == 107008
+    assert acl.rt.memcpy_async(dev + 32, 128, host, 64, H2D, stream) == 107008
+    assert acl.rt.memcpy_async(dev + 64, 128, host, 64, H2D, stream) == 0
+    assert acl.rt.synchronize_stream(stream) == 0
+
+
+def test_reading_outputs_without_synchronizing_is_refused_however_long_ago(
+    acl: FakeAcl, mlp: str
+) -> None:
+    """Decided by order, not timing: the execution has surely finished, yet the host never
+    synchronized, so the read is refused on every run."""
+    loaded = Loaded(acl, mlp)
+    x = np.ones((1, 4), np.float32)
+    assert loaded.put(0, x) == 0 and loaded.put(1, x[:, :1]) == 0
+    mdl = acl.mdl
+    assert (
+        mdl.execute_async(loaded.model_id, loaded.inputs[0], loaded.outputs[0], loaded.stream) == 0
+    )
+    while not acl.executions:  # the device is done; the host does not know it
+        threading.Event().wait(0.001)
+    logits = np.empty((1, 3), np.float32)
+    assert loaded.get(0, logits) == 107000
+    assert "not synchronized" in acl.get_recent_err_msg()
+    assert acl.rt.synchronize_stream(loaded.stream) == 0
+    assert loaded.get(0, logits) == 0
+
+
+def test_async_copy_to_host_lands_at_the_host_synchronize(acl: FakeAcl) -> None:
+    """Until the host synchronizes, the destination holds 0xFF: reading early is caught."""
+    acl.rt.set_device(0)
+    stream, _ = acl.rt.create_stream()
+    event, _ = acl.rt.create_event()
+    dev, _ = acl.rt.malloc(64, HUGE_FIRST)
+    host, _ = acl.rt.malloc_host(64)
+    src = np.arange(16, dtype=np.float32)
+    assert acl.rt.memcpy(dev, 64, src.ctypes.data, 64, H2D) == 0
+    assert acl.rt.memcpy_async(host, 64, dev, 64, D2H, stream) == 0
+    assert acl.rt.record_event(event, stream) == 0
+    while not acl.slices:  # the copy ran on the stream
+        threading.Event().wait(0.001)
+    view = np.frombuffer(acl.util.ptr_to_bytes(host, 64), np.float32)
+    assert np.isnan(view).all()
+    assert acl.rt.synchronize_event(event) == 0  # an event after the copy lands it too
+    np.testing.assert_array_equal(np.frombuffer(acl.util.ptr_to_bytes(host, 64), np.float32), src)
+
+
+def test_streams_must_be_ordered_by_events(acl: FakeAcl) -> None:
+    """Stream B using what stream A wrote needs B to wait for an event recorded after it."""
+    acl.rt.set_device(0)
+    a, _ = acl.rt.create_stream()
+    b, _ = acl.rt.create_stream()
+    event, _ = acl.rt.create_event()
+    host, _ = acl.rt.malloc_host(64)
+    dev, _ = acl.rt.malloc(64, HUGE_FIRST)
+    out, _ = acl.rt.malloc(64, HUGE_FIRST)
+    assert acl.rt.memcpy_async(dev, 64, host, 64, H2D, a) == 0
+    assert acl.rt.memcpy_async(out, 64, dev, 64, D2D, b) == 107000  # races a's write
+    assert acl.rt.record_event(event, a) == 0
+    assert acl.rt.stream_wait_event(b, event) == 0
+    assert acl.rt.memcpy_async(out, 64, dev, 64, D2D, b) == 0
+    assert acl.rt.synchronize_stream(b) == 0
+    assert acl.rt.destroy_stream(a) == 0  # b's sync covers a's work it waited for
+
+
+def test_time_model_records_slices_per_stream() -> None:
+    acl = FakeAcl(copy_bandwidth=1e6)  # 1 MB/s: 4 kB take 4 ms
+    acl.init()
+    acl.rt.set_device(0)
+    stream, _ = acl.rt.create_stream()
+    start, _ = acl.rt.create_event()
+    end, _ = acl.rt.create_event()
+    dev, _ = acl.rt.malloc(4096, HUGE_FIRST)
+    host, _ = acl.rt.malloc_host(4096)
+    assert acl.rt.record_event(start, stream) == 0
+    assert acl.rt.memcpy_async(dev, 4096, host, 4096, H2D, stream) == 0
+    assert acl.rt.record_event(end, stream) == 0
+    assert acl.rt.event_elapsed_time(start, end) == (0.0, 107006)  # not synchronized yet
+    assert acl.rt.synchronize_stream(stream) == 0
+    ms, ret = acl.rt.event_elapsed_time(start, end)
+    assert ret == 0 and ms >= 4.0  # the model's own figure: 4096 bytes / 1e6 bytes/s
+    ((slice_stream, kind, begin, finish),) = acl.slices
+    assert (slice_stream, kind) == (stream, "h2d") and finish - begin >= 0.004
+    with pytest.raises(ValueError, match="copy_bandwidth"):
+        FakeAcl(copy_bandwidth=0)

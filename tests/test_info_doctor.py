@@ -58,7 +58,8 @@ def test_info_prints_the_io_table_and_the_memory_table(
     assert "max batch" in header and "budget MB" in header
     row = next(line for line in out.splitlines() if line.startswith("mlp ") and "yes" in line)
     static = (os.path.getsize(recipe / "mlp64.onnx") + 16 * (64 + 10) * 4) * 2 / 2**20
-    assert row.split()[3:6] == ["16", "2", f"{static:.2f}"]  # max batch, instances, static MB
+    # max batch, instances, streams, static MB
+    assert row.split()[3:7] == ["16", "2", "1", f"{static:.2f}"]
     assert "64.00" in row
 
 
@@ -85,6 +86,8 @@ def test_info_through_acl_shows_the_compiled_batch(tmp_path: Path) -> None:
     (report,) = describe_recipe(recipe, acl_module=fake)
     assert report.info.inputs[0].shape == (4, 64)
     assert report.memory.buffer_bytes == 4 * (64 + 10) * 4
+    assert report.memory.streams == 2  # the acl default: each stream has its own buffers
+    assert report.memory.static_bytes == report.memory.model_bytes + 2 * 4 * (64 + 10) * 4
     assert all(v == 0 for v in fake.live_handles().values())
 
 

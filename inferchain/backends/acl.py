@@ -1,9 +1,10 @@
 """Ascend pyACL backend: `.om` models on an NPU through an injected (or imported) `acl` module.
 
-The constants and the error table are in `acl_api`. Every non-zero return code becomes
-a `BackendError` carrying the code, its name and `acl.get_recent_err_msg()`. A session is
-loaded, run and closed on its worker's thread (pyACL contexts are per thread); all device and
-host buffers are allocated once at load, so `run` never allocates.
+The constants and the error table are in `acl_api`, one buffer set (stream, events, device
+and host buffers) in `acl_buffers`. Every non-zero return code becomes a `BackendError`
+carrying the code, its name and `acl.get_recent_err_msg()`. A session is loaded, run and
+closed on its worker's thread (pyACL contexts are per thread); all device and host buffers
+are allocated once at load, so `launch` / `collect` / `run` never allocate.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +22,6 @@ import structlog
 from inferchain.backends.acl_api import (
     ACL_DTYPES,
     ACL_ERROR_REPEAT_INITIALIZE,
-    ACL_MEM_MALLOC_HUGE_FIRST,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
     ACL_SUCCESS,
@@ -32,12 +31,20 @@ from inferchain.backends.acl_api import (
     import_acl,
     null_error,
 )
+from inferchain.backends.acl_buffers import BufferSet, Launched, Slot, make_sets, set_bytes
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
 from inferchain.errors import BackendError
 from inferchain.tensors import TensorDesc
 
 log = structlog.get_logger(__name__)
+
+DEFAULT_STREAMS = 2  # buffer sets per session when the recipe does not say
+STAGES = (
+    ("h2d", "start", "copied"),
+    ("compute", "copied", "computed"),
+    ("d2h", "computed", "done"),
+)
 
 
 # -- acl.init / acl.finalize, reference counted per acl module (one per process) ------------
@@ -96,19 +103,6 @@ def _note_current(acl: Any, context: int) -> None:
 # -- the session ----------------------------------------------------------------------------
 
 
-@attrs.define
-class _Slot:
-    """One device buffer of a dataset and what it carries."""
-
-    size: int  # bytes, from get_*_size_by_index
-    dtype: np.dtype[Any]
-    dims: tuple[int, ...]  # as the desc reports them; -1 = follows the gear
-    name: str
-    ptr: int = 0  # device memory; 0 = not allocated
-    buffer: int = 0  # aclDataBuffer; 0 = not created
-    host: np.ndarray | None = None  # outputs: the reused host copy (uint8, `size` bytes)
-
-
 def _io_name(name: str) -> str:
     """Tensor name without ATC's "op:edge:" prefix (ONNX outputs read "op:0:name")."""
     parts = name.split(":")
@@ -116,13 +110,17 @@ def _io_name(name: str) -> str:
 
 
 class AclSession(Session):
-    """One loaded `.om` model: its context, stream, datasets and buffers, all made at load.
+    """One loaded `.om` model: its context, the model, and K buffer sets (each with its own
+    stream, events, device buffers and host staging), all made at load.
 
+    Batches on different sets overlap: `launch` enqueues H2D -> execute -> D2H on the set's
+    stream and returns; executions of the one model are chained across sets with events, so
+    the H2D copy of batch n+1 and the D2H copy of batch n-1 run during the execute of n.
     Use it from the thread that loaded it. `close()` may run on another thread: it makes the
     context current there first, as pyACL allows.
     """
 
-    reuses_outputs = True  # run() returns views of host buffers reused by the next run
+    reuses_outputs = True  # outputs are views of a set's host staging, reused by its next launch
 
     def __init__(self, acl: Any, model: ModelConfig, device: int) -> None:
         self._acl = acl
@@ -135,27 +133,31 @@ class AclSession(Session):
         # handles, 0 / None until made; `_release` undoes whatever exists
         self._device_set = False
         self._context = 0
-        self._stream = 0
         self._model_id: int | None = None
         self._desc = 0
-        self._in_dataset = 0
-        self._out_dataset = 0
-        self._in_slots: list[_Slot] = []
-        self._out_slots: list[_Slot] = []
-        # what run() needs
-        self._data_slots: list[_Slot] = []  # inputs without ascend_mbatch_shape_data
+        self._in_slots: list[Slot] = []  # the desc's inputs and outputs (no memory)
+        self._out_slots: list[Slot] = []
+        self._sets: list[BufferSet] = []
+        self._last_executed: BufferSet | None = None  # where the model last executed
+        # what launch() needs
+        self._data_index: list[int] = []  # input positions without ascend_mbatch_shape_data
         self._mbatch_index: int | None = None
         self._batch_gears: tuple[int, ...] = ()
         self._hw_gears: tuple[tuple[int, int], ...] = ()
-        self._gear: object = None  # the gear last set on the device
         self._batch = 1  # rows the model runs: compiled batch or largest gear
         self._batching = model.max_batch_size > 0
+        self.num_streams = model.streams or DEFAULT_STREAMS
         self.inputs = ()
         self.outputs = ()
 
     @property
     def model_name(self) -> str:
         return self._model.name
+
+    @property
+    def set_bytes(self) -> int:
+        """Device bytes of one buffer set: what each stream beyond the first costs."""
+        return set_bytes(self._in_slots, self._out_slots)
 
     # -- load -----------------------------------------------------------------------------
 
@@ -177,6 +179,7 @@ class AclSession(Session):
             max_batch_size=session.max_batch_size,
             batch_gears=list(session._batch_gears),
             hw_gears=[list(g) for g in session._hw_gears],
+            streams=session.num_streams,
         )
         return session
 
@@ -194,7 +197,6 @@ class AclSession(Session):
         self._device_set = True
         self._context = self._value(rt.create_context(self._device), "rt.create_context")
         _note_current(acl, self._context)
-        self._stream = self._value(rt.create_stream(), "rt.create_stream")
         path = self._model.path
         self._model_id = self._value(mdl.load_from_file(path), f"mdl.load_from_file({path})")
         self._desc = mdl.create_desc()
@@ -202,12 +204,11 @@ class AclSession(Session):
             raise null_error(acl, f"{self._model.name}: mdl.create_desc")
         self._call(mdl.get_desc(self._desc, self._model_id), "mdl.get_desc")
         self._describe()
-        self._in_dataset = self._new_dataset()
-        self._fill(self._in_dataset, self._in_slots, "input")
-        self._out_dataset = self._new_dataset()
-        self._fill(self._out_dataset, self._out_slots, "output")
-        for slot in self._out_slots:
-            slot.host = np.empty(slot.size, np.uint8)
+        self._sets = make_sets(
+            self.num_streams, self._in_slots, self._out_slots, DYNAMIC_INPUT_NAME
+        )
+        for buffer_set in self._sets:
+            buffer_set.allocate(acl, self._model.name)
 
     def _describe(self) -> None:
         mdl, desc = self._acl.mdl, self._desc
@@ -225,17 +226,18 @@ class AclSession(Session):
                         name="ACL_UNSUPPORTED_DTYPE",
                     )
                 size = getattr(mdl, f"get_{kind}_size_by_index")(desc, i)
-                slots.append(_Slot(size, dtype, tuple(dims["dims"]), name))
+                slots.append(Slot(size, dtype, tuple(dims["dims"]), name))
         if not self._in_slots or not self._out_slots:
             raise BackendError(f"{self._model.name}: the model desc lists no inputs or outputs")
         names = [s.name for s in self._in_slots]
         if DYNAMIC_INPUT_NAME in names:
             self._mbatch_index = names.index(DYNAMIC_INPUT_NAME)
             self._read_gears()
-        self._data_slots = [s for s in self._in_slots if s.name != DYNAMIC_INPUT_NAME]
-        self._batch = self._compiled_batch()
+        self._data_index = [i for i, n in enumerate(names) if n != DYNAMIC_INPUT_NAME]
+        data_slots = [self._in_slots[i] for i in self._data_index]
+        self._batch = self._compiled_batch(data_slots)
         self.max_batch_size = self._batch
-        self.inputs = tuple(TensorDesc(s.name, s.dims, s.dtype) for s in self._data_slots)
+        self.inputs = tuple(TensorDesc(s.name, s.dims, s.dtype) for s in data_slots)
         self.outputs = tuple(TensorDesc(s.name, s.dims, s.dtype) for s in self._out_slots)
         if self._batching and self._model.max_batch_size > self._batch:
             log.warning(
@@ -259,10 +261,10 @@ class AclSession(Session):
                 name="ACL_UNSUPPORTED_MODEL",
             )
 
-    def _compiled_batch(self) -> int:
+    def _compiled_batch(self, data_slots: Sequence[Slot]) -> int:
         if self._batch_gears:
             return self._batch_gears[-1]
-        dims = next((s.dims for s in self._data_slots if s.dims), ())
+        dims = next((s.dims for s in data_slots if s.dims), ())
         if not dims or dims[0] <= 0:
             raise BackendError(
                 f"{self._model.name}: cannot tell the batch from input dims {dims}",
@@ -270,79 +272,178 @@ class AclSession(Session):
             )
         return dims[0]
 
-    def _new_dataset(self) -> int:
-        dataset = int(self._acl.mdl.create_dataset())
-        if not dataset:
-            raise null_error(self._acl, f"{self._model.name}: mdl.create_dataset")
-        return dataset
-
-    def _fill(self, dataset: int, slots: list[_Slot], kind: str) -> None:
-        """Allocate each slot's device memory (HUGE_FIRST) and add it to `dataset`."""
-        acl, rt, mdl = self._acl, self._acl.rt, self._acl.mdl
-        for i, slot in enumerate(slots):
-            if slot.size <= 0:
-                raise BackendError(f"{self._model.name}: {kind} {slot.name!r} has size 0")
-            what = f"rt.malloc({slot.size}) for {kind} {slot.name!r}"
-            slot.ptr = self._value(rt.malloc(slot.size, ACL_MEM_MALLOC_HUGE_FIRST), what)
-            slot.buffer = acl.create_data_buffer(slot.ptr, slot.size)
-            if not slot.buffer:
-                raise null_error(acl, f"{self._model.name}: create_data_buffer ({kind} {i})")
-            self._value(mdl.add_dataset_buffer(dataset, slot.buffer), "mdl.add_dataset_buffer")
-
     # -- run ------------------------------------------------------------------------------
 
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        """Copy in `batch_size` rows, execute, copy out; returns views of reused buffers.
+        """One batch on stream 0, start to finish: `launch(..., 0)` then `collect(0)`."""
+        self.launch(inputs, batch_size, 0)
+        return self.collect(0)
 
-        Sets `last_stages` to the seconds of the H2D copies, execute_async + synchronize, and
-        the D2H copies of this run.
-        """
-        if threading.get_ident() != self._owner:
-            raise BackendError(
-                f"{self._model.name}: AclSession.run called from thread "
-                f"{threading.current_thread().name!r}, not the thread that loaded it "
-                "(pyACL contexts are per thread)",
-                name="ACL_WRONG_THREAD",
-            )
+    def launch(self, inputs: Sequence[np.ndarray], batch_size: int, stream: int) -> None:
+        """Stage `batch_size` rows into set `stream`'s host buffers and enqueue, on its
+        stream: H2D copies, a wait for the model's previous execution (on another set),
+        execute, D2H copies. Returns at once; `collect(stream)` waits."""
         with self._lock:
-            if self._closed:
-                raise BackendError(f"{self._model.name}: the session is closed")
-            if len(inputs) != len(self._data_slots):
+            buffer_set = self._usable_set(stream, "launch")
+            if buffer_set.launched is not None:
                 raise BackendError(
-                    f"{self._model.name}: run() got {len(inputs)} inputs, the model takes "
-                    f"{len(self._data_slots)}"
+                    f"{self._model.name}: stream {stream} already has a batch in flight "
+                    "(collect it first)"
+                )
+            if len(inputs) != len(self._data_index):
+                raise BackendError(
+                    f"{self._model.name}: launch() got {len(inputs)} inputs, the model takes "
+                    f"{len(self._data_index)}"
                 )
             rows = batch_size if self._batching else _leading_dim(inputs[0])
             if not 1 <= rows <= self._batch:
                 raise BackendError(
                     f"{self._model.name}: batch of {rows} rows; the model takes 1..{self._batch}"
                 )
-            acl = self._acl
             self._call(self._make_current(), "rt.set_context")
+            data = [buffer_set.in_slots[i] for i in self._data_index]
             arrays = [
-                np.ascontiguousarray(a, dtype=s.dtype)
-                for a, s in zip(inputs, self._data_slots, strict=True)
+                np.ascontiguousarray(a, dtype=s.dtype) for a, s in zip(inputs, data, strict=True)
             ]
-            self._select_gear(arrays, rows)
+            self._select_gear(buffer_set, arrays, rows)
+            shapes = self._output_shapes(rows)
             self.last_stages = None
-            started = time.perf_counter()
-            self._copy_in(arrays, rows)
-            copied = time.perf_counter()
-            self._call(
-                acl.mdl.execute_async(
-                    self._model_id, self._in_dataset, self._out_dataset, self._stream
-                ),
-                "mdl.execute_async",
+            try:
+                self._enqueue(buffer_set, arrays, rows, shapes)
+            except BaseException:
+                self._drain(buffer_set)
+                raise
+
+    def collect(self, stream: int) -> list[np.ndarray]:
+        """Wait for the batch on `stream`; views of its host staging, valid until the next
+        launch on it. Sets `last_stages` (h2d, compute, d2h seconds) from its events."""
+        with self._lock:
+            buffer_set = self._usable_set(stream, "collect")
+            launched = buffer_set.launched
+            if launched is None:
+                raise BackendError(f"{self._model.name}: nothing launched on stream {stream}")
+            buffer_set.launched = None
+            self._call(self._make_current(), "rt.set_context")
+            ret = self._acl.rt.synchronize_stream(buffer_set.stream)
+            self._call(ret, f"rt.synchronize_stream (stream {stream})")
+            self.last_stages = self._stages(buffer_set)
+            results = []
+            for slot, shape, count in zip(
+                buffer_set.out_slots, launched.shapes, launched.counts, strict=True
+            ):
+                assert slot.host is not None  # made at load
+                results.append(slot.host[:count].view(slot.dtype).reshape(shape))
+            return results
+
+    def _usable_set(self, stream: int, what: str) -> BufferSet:
+        if threading.get_ident() != self._owner:
+            raise BackendError(
+                f"{self._model.name}: AclSession.{what} called from thread "
+                f"{threading.current_thread().name!r}, not the thread that loaded it "
+                "(pyACL contexts are per thread)",
+                name="ACL_WRONG_THREAD",
             )
-            self._call(acl.rt.synchronize_stream(self._stream), "rt.synchronize_stream")
-            computed = time.perf_counter()
-            outputs = self._copy_out(rows)
-            self.last_stages = {
-                "h2d": copied - started,
-                "compute": computed - copied,
-                "d2h": time.perf_counter() - computed,
-            }
-            return outputs
+        if self._closed:
+            raise BackendError(f"{self._model.name}: the session is closed")
+        if not 0 <= stream < len(self._sets):
+            raise BackendError(
+                f"{self._model.name}: stream {stream} is not one of 0..{len(self._sets) - 1}"
+            )
+        return self._sets[stream]
+
+    def _enqueue(
+        self,
+        buffer_set: BufferSet,
+        arrays: Sequence[np.ndarray],
+        rows: int,
+        shapes: list[tuple[int, ...]],
+    ) -> None:
+        """The order of the official samples, on the set's own stream, nothing allocated."""
+        rt, mdl, stream = self._acl.rt, self._acl.mdl, buffer_set.stream
+        events = buffer_set.events
+        self._call(rt.record_event(events["start"], stream), "rt.record_event")
+        data = [buffer_set.in_slots[i] for i in self._data_index]
+        for array, slot in zip(arrays, data, strict=True):
+            self._stage(array, slot, rows)
+            ret = rt.memcpy_async(
+                slot.ptr, slot.size, slot.host_ptr, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, stream
+            )
+            self._call(ret, f"rt.memcpy_async (input {slot.name!r})")
+        previous = self._last_executed
+        if previous is not None and previous is not buffer_set:  # one execution at a time
+            ret = rt.stream_wait_event(stream, previous.events["computed"])
+            self._call(ret, "rt.stream_wait_event")
+        self._call(rt.record_event(events["copied"], stream), "rt.record_event")
+        ret = mdl.execute_async(
+            self._model_id, buffer_set.in_dataset, buffer_set.out_dataset, stream
+        )
+        self._call(ret, "mdl.execute_async")
+        self._last_executed = buffer_set
+        self._call(rt.record_event(events["computed"], stream), "rt.record_event")
+        counts = []
+        for slot, shape in zip(buffer_set.out_slots, shapes, strict=True):
+            count = math.prod(shape) * slot.dtype.itemsize
+            if count > slot.size:
+                raise BackendError(f"{self._model.name}: output {slot.name!r} {shape} overflows")
+            ret = rt.memcpy_async(
+                slot.host_ptr, slot.size, slot.ptr, count, ACL_MEMCPY_DEVICE_TO_HOST, stream
+            )
+            self._call(ret, f"rt.memcpy_async (output {slot.name!r})")
+            counts.append(count)
+        self._call(rt.record_event(events["done"], stream), "rt.record_event")
+        buffer_set.launched = Launched(rows, shapes, counts)
+
+    def _stage(self, array: np.ndarray, slot: Slot, rows: int) -> None:
+        """Copy one input into the set's host staging (pinned, aligned for memcpy_async)."""
+        if slot.dims and array.shape[:1] != (rows,):
+            raise BackendError(
+                f"{self._model.name}: input {slot.name!r} has {array.shape[:1]} rows, "
+                f"expected {rows}"
+            )
+        if array.nbytes > slot.size:
+            raise BackendError(
+                f"{self._model.name}: input {slot.name!r} of shape {array.shape} "
+                f"({array.nbytes} bytes) does not fit the model's {slot.size}-byte buffer"
+            )
+        assert slot.host is not None  # made at load
+        slot.host[: array.nbytes] = array.reshape(-1).view(np.uint8)
+
+    def _drain(self, buffer_set: BufferSet) -> None:
+        """After a failed launch: wait for what was enqueued, so the set can be used again."""
+        buffer_set.launched = None
+        if self._last_executed is buffer_set:
+            self._last_executed = None
+        ret = self._acl.rt.synchronize_stream(buffer_set.stream)
+        if ret != ACL_SUCCESS:
+            log.warning("acl_drain_failed", model=self._model.name, code=ret)
+
+    def _stages(self, buffer_set: BufferSet) -> dict[str, float] | None:
+        """Device seconds of the collected batch per stage, from its events; None where the
+        runtime cannot time events."""
+        elapsed = getattr(self._acl.rt, "event_elapsed_time", None)
+        if elapsed is None:
+            return None
+        events, stages = buffer_set.events, {}
+        for stage, first, last in STAGES:
+            ms, ret = elapsed(events[first], events[last])
+            if ret != ACL_SUCCESS:
+                return None
+            stages[stage] = float(ms) / 1000.0
+        return stages
+
+    def _output_shapes(self, rows: int) -> list[tuple[int, ...]]:
+        """Each output's shape for a batch of `rows` at the gear just set."""
+        shapes = []
+        for i, slot in enumerate(self._out_slots):
+            dims = slot.dims
+            if any(d < 0 for d in dims[1:]):  # dynamic HW: dims follow the gear
+                what = "mdl.get_cur_output_dims"
+                dims = tuple(
+                    self._value(self._acl.mdl.get_cur_output_dims(self._desc, i), what)["dims"]
+                )
+            batched = bool(dims) and dims[0] in (-1, self._batch)
+            shapes.append((rows, *dims[1:]) if batched else dims)
+        return shapes
 
     def _make_current(self) -> int:
         """Make the session's context current on this thread if it is not (another session
@@ -354,20 +455,22 @@ class AclSession(Session):
             _note_current(self._acl, self._context)
         return ret
 
-    def _select_gear(self, arrays: Sequence[np.ndarray], rows: int) -> None:
-        """Set the smallest batch gear >= rows, or the (H, W) gear the inputs have."""
-        mdl, index = self._acl.mdl, self._mbatch_index
+    def _select_gear(self, buffer_set: BufferSet, arrays: Sequence[np.ndarray], rows: int) -> None:
+        """Set the smallest batch gear >= rows, or the (H, W) gear the inputs have, in the
+        set's input dataset."""
+        mdl, index, dataset = self._acl.mdl, self._mbatch_index, buffer_set.in_dataset
         if self._batch_gears:
             gear: object = self._batch_gears[bisect.bisect_left(self._batch_gears, rows)]
-            if gear != self._gear:
-                self._gear = None
-                ret = mdl.set_dynamic_batch_size(self._model_id, self._in_dataset, index, gear)
+            if gear != buffer_set.gear:
+                buffer_set.gear = None
+                ret = mdl.set_dynamic_batch_size(self._model_id, dataset, index, gear)
                 self._call(ret, f"mdl.set_dynamic_batch_size({gear})")
-                self._gear = gear
+                buffer_set.gear = gear
         elif self._hw_gears:
+            data = [self._in_slots[i] for i in self._data_index]
             hw = {
                 (a.shape[2], a.shape[3])
-                for a, s in zip(arrays, self._data_slots, strict=True)
+                for a, s in zip(arrays, data, strict=True)
                 if len(s.dims) == 4 and s.dims[2] == -1 and s.dims[3] == -1 and a.ndim == 4
             }
             if len(hw) != 1 or next(iter(hw)) not in self._hw_gears:
@@ -377,50 +480,10 @@ class AclSession(Session):
                     name="ACL_NO_MATCHING_GEAR",
                 )
             (h, w) = gear = next(iter(hw))
-            if gear != self._gear:
-                self._gear = None
-                ret = mdl.set_dynamic_hw_size(self._model_id, self._in_dataset, index, h, w)
-                self._call(ret, f"mdl.set_dynamic_hw_size({h}, {w})")
-                self._gear = gear
-
-    def _copy_in(self, arrays: Sequence[np.ndarray], rows: int) -> None:
-        rt = self._acl.rt
-        for array, slot in zip(arrays, self._data_slots, strict=True):
-            if slot.dims and array.shape[:1] != (rows,):
-                raise BackendError(
-                    f"{self._model.name}: input {slot.name!r} has {array.shape[:1]} rows, "
-                    f"expected {rows}"
-                )
-            if array.nbytes > slot.size:
-                raise BackendError(
-                    f"{self._model.name}: input {slot.name!r} of shape {array.shape} "
-                    f"({array.nbytes} bytes) does not fit the model's {slot.size}-byte buffer"
-                )
-            ret = rt.memcpy(
-                slot.ptr, slot.size, array.ctypes.data, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE
-            )
-            self._call(ret, f"rt.memcpy (input {slot.name!r})")
-
-    def _copy_out(self, rows: int) -> list[np.ndarray]:
-        acl = self._acl
-        results = []
-        for i, slot in enumerate(self._out_slots):
-            assert slot.host is not None  # made at load
-            dims = slot.dims
-            if any(d < 0 for d in dims[1:]):  # dynamic HW: dims follow the gear
-                cur = self._value(acl.mdl.get_cur_output_dims(self._desc, i), "get_cur_output_dims")
-                dims = tuple(cur["dims"])
-            batched = bool(dims) and dims[0] in (-1, self._batch)
-            shape = (rows, *dims[1:]) if batched else dims
-            count = math.prod(shape) * slot.dtype.itemsize
-            if count > slot.size:
-                raise BackendError(f"{self._model.name}: output {slot.name!r} {shape} overflows")
-            ret = acl.rt.memcpy(
-                slot.host.ctypes.data, slot.size, slot.ptr, count, ACL_MEMCPY_DEVICE_TO_HOST
-            )
-            self._call(ret, f"rt.memcpy (output {slot.name!r})")
-            results.append(slot.host[:count].view(slot.dtype).reshape(shape))
-        return results
+            buffer_set.gear = None  # the model's current gear is per model: set it every time
+            ret = mdl.set_dynamic_hw_size(self._model_id, dataset, index, h, w)
+            self._call(ret, f"mdl.set_dynamic_hw_size({h}, {w})")
+            buffer_set.gear = gear
 
     # -- close ----------------------------------------------------------------------------
 
@@ -448,8 +511,9 @@ class AclSession(Session):
         log.info("acl_model_closed", model=self._model.name)
 
     def _release(self) -> list[BackendError]:
-        """Undo whatever `_load` made, in order: stream sync, model, desc, buffers, datasets,
-        stream, context, device. Each handle is forgotten once its release was attempted."""
+        """Undo whatever `_load` made, in order: every stream synchronized, model, desc, each
+        set's buffers, datasets, host staging and events, the streams, context, device. Each
+        handle is forgotten once its release was attempted."""
         acl, rt, mdl = self._acl, self._acl.rt, self._acl.mdl
         errors: list[BackendError] = []
 
@@ -457,21 +521,23 @@ class AclSession(Session):
             if ret != ACL_SUCCESS:
                 errors.append(acl_error(acl, ret, f"{self._model.name}: {what}"))
 
-        if self._stream:
-            attempt(rt.synchronize_stream(self._stream), "rt.synchronize_stream")
+        for buffer_set in self._sets:
+            if buffer_set.stream:
+                attempt(rt.synchronize_stream(buffer_set.stream), "rt.synchronize_stream")
         if self._model_id is not None:
             attempt(mdl.unload(self._model_id), "mdl.unload")
             self._model_id = None
         if self._desc:
             attempt(mdl.destroy_desc(self._desc), "mdl.destroy_desc")
             self._desc = 0
-        self._release_dataset(self._in_slots, self._in_dataset, attempt)
-        self._in_dataset = 0
-        self._release_dataset(self._out_slots, self._out_dataset, attempt)
-        self._out_dataset = 0
-        if self._stream:
-            attempt(rt.destroy_stream(self._stream), "rt.destroy_stream")
-            self._stream = 0
+        for buffer_set in self._sets:
+            buffer_set.release(acl, attempt)
+        for buffer_set in self._sets:
+            if buffer_set.stream:
+                attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")
+                buffer_set.stream = 0
+        self._sets = []
+        self._last_executed = None
         if self._context:
             attempt(rt.destroy_context(self._context), "rt.destroy_context")
             if _current_context(acl) == self._context:
@@ -481,23 +547,6 @@ class AclSession(Session):
             attempt(rt.reset_device(self._device), f"rt.reset_device({self._device})")
             self._device_set = False
         return errors
-
-    def _release_dataset(
-        self, slots: list[_Slot], dataset: int, attempt: Callable[[int, str], None]
-    ) -> None:
-        """Free each buffer's memory and descriptor, then the dataset itself."""
-        acl = self._acl
-        for slot in slots:
-            if slot.buffer:
-                ptr = acl.get_data_buffer_addr(slot.buffer) or slot.ptr
-                attempt(acl.rt.free(ptr), "rt.free")
-                attempt(acl.destroy_data_buffer(slot.buffer), "destroy_data_buffer")
-            elif slot.ptr:  # allocated, but create_data_buffer failed
-                attempt(acl.rt.free(slot.ptr), "rt.free")
-            slot.ptr = slot.buffer = 0
-            slot.host = None
-        if dataset:
-            attempt(acl.mdl.destroy_dataset(dataset), "mdl.destroy_dataset")
 
 
 def _leading_dim(array: np.ndarray) -> int:

@@ -14,14 +14,17 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import attrs
+
+from inferchain.testing._fake_acl_args import parse
+from inferchain.testing._fake_acl_order import Clock
 
 if TYPE_CHECKING:
     from inferchain.testing._fake_acl_mdl import Dataset, Desc, Execution, LoadedModel
     from inferchain.testing._fake_acl_memory import DeviceMemory, HostMemory
-    from inferchain.testing._fake_acl_rt import Context, Event, Stream
+    from inferchain.testing._fake_acl_rt import Context, Event, Landing, Stream
 
 SUCCESS = 0
 INVALID_PARAM = 100000
@@ -39,6 +42,8 @@ RT_INVALID_DEVICEID = 107001
 RT_CONTEXT_NULL = 107002
 RT_STREAM_CONTEXT = 107003
 RT_MODEL_CONTEXT = 107004
+RT_EVENT_TIMESTAMP_INVALID = 107006
+RT_ADDR_UNALIGNED = 107008
 RT_MEMORY_ALLOCATION = 207001
 GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
 GE_SHAPE_INVALID = 145021
@@ -90,6 +95,15 @@ class Injection:
     seen: int = 0  # matching calls since the inject
 
 
+class Slice(NamedTuple):
+    """One piece of simulated device time, as `FakeAcl.slices` lists them."""
+
+    stream: int  # the stream's handle
+    kind: str  # "h2d", "d2h", "d2d", "h2h" (copies) or "compute"
+    start: float  # time.perf_counter() seconds
+    end: float
+
+
 @attrs.define(eq=False)
 class DataBuffer:
     handle: int
@@ -126,6 +140,13 @@ class State:
         self.buffers: dict[int, DataBuffer] = {}
         self.memory: DeviceMemory
         self.host: HostMemory
+        # ordering and the device time model
+        self.host_clock: Clock = {}  # stream work the host has synchronized
+        self.landings: list[Landing] = []  # async copies into host memory, not yet landed
+        self.slices: list[Slice] = []
+        self.copy_bandwidth: float | None = None  # bytes per second; None = instant
+        self.compute_scale: float = 1.0  # simulated compute = ONNX Runtime time x this
+        self.engines: dict[tuple[int, str], threading.Lock] = {}  # (device, direction)
 
     # -- handles and the calling thread ----------------------------------------------------
 
@@ -151,13 +172,20 @@ class State:
             raise Fail(RT_CONTEXT_NULL, "no current context on this thread (set_context first)")
         return ctx
 
-    def require_stream(self, handle: int) -> Stream:
+    def engine(self, device: int, direction: str) -> threading.Lock:
+        """The copy engine of one direction of one device: its copies run one at a time."""
+        with self.lock:
+            return self.engines.setdefault((device, direction), threading.Lock())
+
+    def require_stream(self, handle: int, *, same_context: bool = True) -> Stream:
         """The stream, checked against the calling thread's current context."""
         if handle == 0:
             raise Fail(RT_PARAM_INVALID, "stream 0 (default stream) is not modelled: create one")
         stream = self.streams.get(handle)
         if stream is None:
             raise Fail(RT_PARAM_INVALID, f"unknown stream {handle:#x}")
+        if not same_context:
+            return stream
         ctx = self.require_context()
         if ctx is not stream.context:
             raise Fail(
@@ -241,22 +269,24 @@ class Namespace:
         self._state = state
 
 
-def api(name: str, failure: Failure = ret) -> Callable[[F], F]:
-    """Wrap a fake call: count it, check init, fire faults, map `Fail` to its return shape."""
+def api(name: str, fmt: str, failure: Failure = ret) -> Callable[[F], F]:
+    """Wrap a fake call: parse its arguments as pyACL's format `fmt` does (TypeError, before
+    anything else), count it, check init, fire faults, map `Fail` to its return shape."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def call(self: Namespace, *args: Any, **kwargs: Any) -> Any:
+            parsed = parse(name, fmt, args, kwargs)
             state = self._state
             state.record_call(name)
             try:
                 if name not in _NO_INIT_NEEDED and not state.initialized:
                     raise Fail(UNINITIALIZE, "acl.init() has not been called (or was finalized)")
                 state.maybe_inject(name)
-                return fn(self, *args, **kwargs)
+                return fn(self, *parsed)
             except Fail as e:
                 state.record_error(name, e.code, e.message)
-                return failure(e.code, args)
+                return failure(e.code, parsed)
 
         return cast(F, call)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from inferchain.testing._fake_acl_core import (
     DataBuffer,
     Fail,
     Namespace,
+    Slice,
     State,
     api,
     as_int,
@@ -41,8 +43,10 @@ from inferchain.testing._fake_acl_core import (
     same_first,
     undefined_type,
 )
+from inferchain.testing._fake_acl_memory import Allocation, check_host_access
 from inferchain.testing._fake_acl_model import MBATCH_INPUT, CompiledModel, Gear, IOSpec
-from inferchain.testing._fake_acl_rt import Context, Stream
+from inferchain.testing._fake_acl_order import Accesses
+from inferchain.testing._fake_acl_rt import Context, Stream, wait_until
 
 Loader = Callable[[Path | bytes, str], CompiledModel]
 
@@ -62,8 +66,7 @@ class LoadedModel:
     compiled: CompiledModel
     context: Context
     gear: Gear  # the gear last set (the largest until set_dynamic_* is called)
-    inflight: int = 0  # executions enqueued and not finished
-    stream: Stream | None = None  # where they run
+    accesses: Accesses = attrs.Factory(Accesses)  # its executions, as writes per stream
 
 
 @attrs.define(eq=False)
@@ -97,14 +100,14 @@ class FakeMdl(Namespace):
             st.models[model.model_id] = model
         return model.model_id
 
-    @api("mdl.load_from_file", pair)
+    @api("mdl.load_from_file", "s", pair)
     def load_from_file(self, model_path: str) -> tuple[int, int]:
         if not isinstance(model_path, str):
             raise TypeError(f"model_path must be a str, got {type(model_path).__name__}")
         ctx = self._state.require_context()
         return self._register(self._load(Path(model_path), model_path), ctx), 0
 
-    @api("mdl.load_from_mem", pair)
+    @api("mdl.load_from_mem", "kk", pair)
     def load_from_mem(self, model: int, model_size: int) -> tuple[int, int]:
         ptr, size = as_int(model, "model"), as_int(model_size, "model_size")
         ctx = self._state.require_context()
@@ -128,19 +131,19 @@ class FakeMdl(Namespace):
             )
         return model
 
-    @api("mdl.unload")
+    @api("mdl.unload", "I")
     def unload(self, model_id: int) -> int:
         st = self._state
         with st.lock:
             model = self._model(model_id)
-            if model.inflight:
+            if model.accesses.conflicts(st.host_clock, write=True):  # stricter than the card
                 raise Fail(RT_PARAM_INVALID, f"model {model.model_id} is still executing")
             del st.models[model.model_id]
         return 0
 
     # -- descs ----------------------------------------------------------------------------
 
-    @api("mdl.create_desc", null)
+    @api("mdl.create_desc", "", null)
     def create_desc(self) -> int:
         st = self._state
         with st.lock:
@@ -151,7 +154,7 @@ class FakeMdl(Namespace):
     def _desc(self, desc: object) -> Desc:
         return lookup(self._state.descs, desc, "model desc", INVALID_RESOURCE_HANDLE)
 
-    @api("mdl.get_desc")
+    @api("mdl.get_desc", "kI")
     def get_desc(self, model_desc: int, model_id: int) -> int:
         desc = self._desc(model_desc)
         mid = as_int(model_id, "model_id")
@@ -161,7 +164,7 @@ class FakeMdl(Namespace):
         desc.model = model
         return 0
 
-    @api("mdl.destroy_desc")
+    @api("mdl.destroy_desc", "k")
     def destroy_desc(self, model_desc: int) -> int:
         with self._state.lock:
             del self._state.descs[self._desc(model_desc).handle]
@@ -184,33 +187,33 @@ class FakeMdl(Namespace):
         compiled = desc.model.compiled
         return len(compiled.outputs if outputs else compiled.inputs)
 
-    @api("mdl.get_num_inputs", null)
+    @api("mdl.get_num_inputs", "k", null)
     def get_num_inputs(self, model_desc: int) -> int:
         return self._count(model_desc, outputs=False)
 
-    @api("mdl.get_num_outputs", null)
+    @api("mdl.get_num_outputs", "k", null)
     def get_num_outputs(self, model_desc: int) -> int:
         return self._count(model_desc, outputs=True)
 
-    @api("mdl.get_input_size_by_index", null)
+    @api("mdl.get_input_size_by_index", "kk", null)
     def get_input_size_by_index(self, model_desc: int, index: int) -> int:
         return self._io(model_desc, index, outputs=False).size
 
-    @api("mdl.get_output_size_by_index", null)
+    @api("mdl.get_output_size_by_index", "kk", null)
     def get_output_size_by_index(self, model_desc: int, index: int) -> int:
         return self._io(model_desc, index, outputs=True).size
 
-    @api("mdl.get_input_dims", dict_pair)
+    @api("mdl.get_input_dims", "kk", dict_pair)
     def get_input_dims(self, model_desc: int, index: int) -> tuple[dict[str, Any], int]:
         spec = self._io(model_desc, index, outputs=False)
         return _dims(spec.name, spec.dims), 0
 
-    @api("mdl.get_output_dims", dict_pair)
+    @api("mdl.get_output_dims", "kk", dict_pair)
     def get_output_dims(self, model_desc: int, index: int) -> tuple[dict[str, Any], int]:
         spec = self._io(model_desc, index, outputs=True)
         return _dims(spec.name, spec.dims), 0
 
-    @api("mdl.get_cur_output_dims", dict_pair)
+    @api("mdl.get_cur_output_dims", "kk", dict_pair)
     def get_cur_output_dims(self, model_desc: int, index: int) -> tuple[dict[str, Any], int]:
         spec = self._io(model_desc, index, outputs=True)
         model = self._desc(model_desc).model
@@ -218,37 +221,37 @@ class FakeMdl(Namespace):
         shape = model.compiled.output_shapes(model.gear)[as_int(index, "index")]
         return _dims(spec.name, shape), 0
 
-    @api("mdl.get_input_data_type", undefined_type)
+    @api("mdl.get_input_data_type", "kk", undefined_type)
     def get_input_data_type(self, model_desc: int, index: int) -> int:
         return self._io(model_desc, index, outputs=False).acl_type
 
-    @api("mdl.get_output_data_type", undefined_type)
+    @api("mdl.get_output_data_type", "kk", undefined_type)
     def get_output_data_type(self, model_desc: int, index: int) -> int:
         return self._io(model_desc, index, outputs=True).acl_type
 
-    @api("mdl.get_input_name_by_index", empty_name)
+    @api("mdl.get_input_name_by_index", "kk", empty_name)
     def get_input_name_by_index(self, model_desc: int, index: int) -> str:
         return self._io(model_desc, index, outputs=False).name
 
-    @api("mdl.get_output_name_by_index", empty_name)
+    @api("mdl.get_output_name_by_index", "kk", empty_name)
     def get_output_name_by_index(self, model_desc: int, index: int) -> str:
         return self._io(model_desc, index, outputs=True).name
 
-    @api("mdl.get_input_index_by_name", pair)
+    @api("mdl.get_input_index_by_name", "ks", pair)
     def get_input_index_by_name(self, model_desc: int, name: str) -> tuple[int, int]:
         for i in range(self._count(model_desc, outputs=False)):
             if self._io(model_desc, i, outputs=False).name == name:
                 return i, 0
         raise Fail(INVALID_PARAM, f"no input named {name!r}")
 
-    @api("mdl.get_output_index_by_name", pair)
+    @api("mdl.get_output_index_by_name", "ks", pair)
     def get_output_index_by_name(self, model_desc: int, name: str) -> tuple[int, int]:
         for i in range(self._count(model_desc, outputs=True)):
             if self._io(model_desc, i, outputs=True).name == name:
                 return i, 0
         raise Fail(INVALID_PARAM, f"no output named {name!r}")
 
-    @api("mdl.get_dynamic_batch", dict_pair)
+    @api("mdl.get_dynamic_batch", "k", dict_pair)
     def get_dynamic_batch(self, model_desc: int) -> tuple[dict[str, Any], int]:
         self._count(model_desc, outputs=False)  # checks the desc
         model = self._desc(model_desc).model
@@ -256,7 +259,7 @@ class FakeMdl(Namespace):
         gears = list(model.compiled.batch_gears)
         return {"batchCount": len(gears), "batch": gears}, 0
 
-    @api("mdl.get_dynamic_hw", dict_pair)
+    @api("mdl.get_dynamic_hw", "kk", dict_pair)
     def get_dynamic_hw(self, model_desc: int, index: int) -> tuple[dict[str, Any], int]:
         self._count(model_desc, outputs=False)
         model = self._desc(model_desc).model
@@ -266,7 +269,7 @@ class FakeMdl(Namespace):
 
     # -- datasets -------------------------------------------------------------------------
 
-    @api("mdl.create_dataset", null)
+    @api("mdl.create_dataset", "", null)
     def create_dataset(self) -> int:
         st = self._state
         with st.lock:
@@ -280,25 +283,25 @@ class FakeMdl(Namespace):
     def _buffer(self, buffer: object) -> DataBuffer:
         return lookup(self._state.buffers, buffer, "data buffer", INVALID_RESOURCE_HANDLE)
 
-    @api("mdl.add_dataset_buffer", same_first)
+    @api("mdl.add_dataset_buffer", "kk", same_first)
     def add_dataset_buffer(self, dataset: int, data_buffer: int) -> tuple[int, int]:
         with self._state.lock:
             ds = self._dataset(dataset)
             ds.buffers.append(self._buffer(data_buffer).handle)
         return ds.handle, 0
 
-    @api("mdl.get_dataset_num_buffers", null)
+    @api("mdl.get_dataset_num_buffers", "k", null)
     def get_dataset_num_buffers(self, dataset: int) -> int:
         return len(self._dataset(dataset).buffers)
 
-    @api("mdl.get_dataset_buffer", null)
+    @api("mdl.get_dataset_buffer", "kk", null)
     def get_dataset_buffer(self, dataset: int, index: int) -> int:
         ds, i = self._dataset(dataset), as_int(index, "index")
         if not 0 <= i < len(ds.buffers):
             raise Fail(INVALID_PARAM, f"index {i} out of range (dataset has {len(ds.buffers)})")
         return ds.buffers[i]
 
-    @api("mdl.destroy_dataset")
+    @api("mdl.destroy_dataset", "k")
     def destroy_dataset(self, dataset: int) -> int:
         with self._state.lock:
             del self._state.datasets[self._dataset(dataset).handle]
@@ -317,11 +320,12 @@ class FakeMdl(Namespace):
         buf = self._buffer(ds.buffers[i])
         if buf.size < specs[i].size:
             raise Fail(INVALID_PARAM, f"buffer {i} holds {buf.size} bytes, needs {specs[i].size}")
-        memory = self._state.memory
-        memory.check_idle([memory.find(buf.ptr, specs[i].size)[0]], "set_dynamic_*")
+        st = self._state
+        alloc = st.memory.find(buf.ptr, specs[i].size)[0]
+        check_host_access([alloc], st.host_clock, write=True, what="set_dynamic_*")
         return buf.ptr, specs[i].size
 
-    @api("mdl.set_dynamic_batch_size")
+    @api("mdl.set_dynamic_batch_size", "IkkK")
     def set_dynamic_batch_size(self, model_id: int, dataset: int, index: int, batch: int) -> int:
         st = self._state
         with st.lock:
@@ -340,7 +344,7 @@ class FakeMdl(Namespace):
             model.gear = Gear(b)
         return 0
 
-    @api("mdl.set_dynamic_hw_size")
+    @api("mdl.set_dynamic_hw_size", "IkkKK")
     def set_dynamic_hw_size(
         self, model_id: int, dataset: int, index: int, height: int, width: int
     ) -> int:
@@ -377,29 +381,41 @@ class FakeMdl(Namespace):
 
     def _begin(
         self, model: LoadedModel, in_ds: object, out_ds: object, stream: Stream | None
-    ) -> tuple[Slots, Slots]:
-        """Validate one execution and mark the model and its memory busy (lock held)."""
-        if model.inflight and (stream is None or model.stream is not stream):
+    ) -> tuple[Slots, Slots, list[Allocation], list[Allocation]]:
+        """Validate one execution against the order of earlier work (lock held): the
+        model's other executions and its memory's other users must be ordered before it."""
+        st = self._state
+        own = stream.handle if stream is not None else 0
+        clock = stream.clock(st.host_clock) if stream is not None else st.host_clock
+        if model.accesses.conflicts(clock, write=True, own=own):
             raise Fail(
                 RT_PARAM_INVALID,
-                f"model {model.model_id} is already executing on another stream or thread",
+                f"model {model.model_id} is already executing on another stream or thread "
+                "(its execution there is not ordered before this one)",
             )
         compiled = model.compiled
         inputs = self._slots(in_ds, compiled.inputs, MODEL_INPUT_NOT_MATCH, "input")
         outputs = self._slots(out_ds, compiled.outputs, MODEL_OUTPUT_NOT_MATCH, "output")
-        self._state.memory.hold(_bases(self._state, inputs + outputs))
-        model.inflight += 1
-        model.stream = stream
-        return inputs, outputs
+        reads = [st.memory.find(ptr, size)[0] for ptr, size in inputs]
+        writes = [st.memory.find(ptr, size)[0] for ptr, size in outputs]
+        for allocs, write in ((reads, False), (writes, True)):
+            if stream is None:
+                check_host_access(allocs, clock, write=write, what="mdl.execute")
+                continue
+            for alloc in allocs:
+                racing = alloc.accesses.conflicts(clock, write=write, own=own)
+                if racing:  # stricter than the card, where the two would race
+                    raise Fail(
+                        RT_PARAM_INVALID,
+                        f"execute_async: device memory {alloc.base:#x} is used by work on "
+                        f"stream {racing[0]:#x} that this stream is not ordered after",
+                    )
+        return inputs, outputs, reads, writes
 
-    def _finish(self, model: LoadedModel, slots: Slots) -> None:
-        with self._state.lock:
-            self._state.memory.release(_bases(self._state, slots))
-            model.inflight -= 1
-
-    def _run(self, model: LoadedModel, inputs: Slots, outputs: Slots) -> None:
+    def _run(self, model: LoadedModel, inputs: Slots, outputs: Slots, stream: int) -> None:
         """The device side: read inputs, run the ONNX model, write outputs."""
         st, compiled = self._state, model.compiled
+        started = time.perf_counter()
         gear = compiled.largest_gear
         if compiled.batch_gears or compiled.hw_gears:
             picked = compiled.gear_from(st.memory.read(*inputs[-1]))
@@ -417,41 +433,35 @@ class FakeMdl(Namespace):
             if result.nbytes > size:
                 raise Fail(MODEL_OUTPUT_NOT_MATCH, f"output of {result.nbytes} bytes > {size}")
             st.memory.write(ptr, result)
+        if st.compute_scale > 1.0:
+            wait_until(started + (time.perf_counter() - started) * st.compute_scale)
         with st.lock:
             st.executions.append(Execution(model.model_id, gear.batch, gear.hw))
+            st.slices.append(Slice(stream, "compute", started, time.perf_counter()))
 
-    @api("mdl.execute")
+    @api("mdl.execute", "Ikk")
     def execute(self, model_id: int, input: int, output: int) -> int:  # pyACL's argument names
         with self._state.lock:
             model = self._model(model_id)
-            inputs, outputs = self._begin(model, input, output, None)
-        try:
-            self._run(model, inputs, outputs)
-        finally:
-            self._finish(model, inputs + outputs)
+            inputs, outputs, _, _ = self._begin(model, input, output, None)
+        self._run(model, inputs, outputs, 0)
         return 0
 
-    @api("mdl.execute_async")
+    @api("mdl.execute_async", "Ikkk")
     def execute_async(self, model_id: int, input: int, output: int, stream: int) -> int:
         st = self._state
         with st.lock:
             s = st.require_stream(as_int(stream, "stream"))
             model = self._model(model_id)
-            inputs, outputs = self._begin(model, input, output, s)
-
-        def task() -> None:
-            try:
-                self._run(model, inputs, outputs)
-            finally:
-                self._finish(model, inputs + outputs)
-
-        s.submit(task)
+            inputs, outputs, reads, writes = self._begin(model, input, output, s)
+            seq = s.submit(lambda: self._run(model, inputs, outputs, s.handle))
+            model.accesses.note(s.handle, seq, write=True)
+            for alloc in reads:
+                alloc.accesses.note(s.handle, seq, write=False)
+            for alloc in writes:
+                alloc.accesses.note(s.handle, seq, write=True)
         return 0
 
 
 def _dims(name: str, dims: tuple[int, ...]) -> dict[str, Any]:
     return {"name": name, "dimCount": len(dims), "dims": list(dims)}
-
-
-def _bases(st: State, slots: Slots) -> list[int]:
-    return [st.memory.find(ptr, size)[0].base for ptr, size in slots]

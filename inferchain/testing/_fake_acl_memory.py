@@ -3,15 +3,15 @@
 Device pointers are ints at or above 2**48, beyond any user-space host address, so a host
 pointer can never be mistaken for a device one. Addresses are never reused: a freed pointer
 stays invalid. Fresh device memory is filled with 0xFF bytes (NaN as float) because real
-device memory is uninitialised.
+device memory is uninitialised. Each allocation keeps its `Accesses` (see `_fake_acl_order`)
+so host and stream accesses can be checked against pending stream work.
 """
 
 from __future__ import annotations
 
 import bisect
 import ctypes
-from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 import numpy as np
@@ -22,15 +22,16 @@ from inferchain.testing._fake_acl_core import (
     RT_PARAM_INVALID,
     Fail,
 )
+from inferchain.testing._fake_acl_order import Accesses
 
 DEVICE_BASE = 1 << 48
 _DEVICE_SPAN = 1 << 40  # address range per device
 _ALIGN = 512
+_HOST_ALIGN = 64  # rt.malloc_host memory is aligned as memcpy_async needs
 _GUARD = 4096  # gap between allocations, so an overrun never lands in a neighbour
 _GARBAGE = 0xFF
 
-HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = 0, 1, 2, 3
-POLICIES = (0, 1, 2)  # HUGE_FIRST, HUGE_ONLY, NORMAL_ONLY
+HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE, DEFAULT = 0, 1, 2, 3, 4
 
 
 @attrs.define(eq=False)
@@ -40,6 +41,7 @@ class Allocation:
     device: int
     data: bytearray
     address: int  # the real host address backing `data`
+    accesses: Accesses = attrs.Factory(Accesses)  # pending stream work on it
 
     def view(self, offset: int, count: int) -> np.ndarray:
         return np.frombuffer(self.data, dtype=np.uint8, count=count, offset=offset)
@@ -58,7 +60,6 @@ class DeviceMemory:
         self._used = [0] * device_count
         self._bases: list[int] = []  # sorted
         self._allocs: dict[int, Allocation] = {}
-        self.busy: Counter[int] = Counter()  # base -> pending stream tasks that use it
 
     def __len__(self) -> int:
         return len(self._allocs)
@@ -86,35 +87,14 @@ class DeviceMemory:
         self._used[device] += size
         return base
 
-    def free(self, ptr: int) -> None:
+    def free(self, ptr: int, host_clock: Mapping[int, int]) -> None:
         alloc = self._allocs.get(ptr)
         if alloc is None:
             raise Fail(RT_PARAM_INVALID, f"{ptr:#x} is not the start of a live device allocation")
-        if self.busy[ptr]:
-            raise Fail(RT_PARAM_INVALID, f"{ptr:#x} is in use by a task still pending on a stream")
+        check_host_access([alloc], host_clock, write=True, what="free")
         del self._allocs[ptr]
         self._bases.remove(ptr)
         self._used[alloc.device] -= alloc.size
-
-    def hold(self, bases: Iterable[int]) -> None:
-        """Mark allocations as used by a pending stream task."""
-        self.busy.update(bases)
-
-    def release(self, bases: Iterable[int]) -> None:
-        for base in bases:
-            self.busy[base] -= 1
-            if self.busy[base] <= 0:
-                del self.busy[base]
-
-    def check_idle(self, allocs: Iterable[Allocation], what: str) -> None:
-        """Refuse host-synchronous access to memory a pending stream task uses (a race)."""
-        for alloc in allocs:
-            if self.busy[alloc.base]:
-                raise Fail(
-                    RT_PARAM_INVALID,
-                    f"{what}: {alloc.base:#x} is in use by a task still pending on a stream "
-                    "(synchronize the stream first)",
-                )
 
     def find(self, ptr: int, count: int) -> tuple[Allocation, int]:
         """The allocation holding [ptr, ptr + count) and the offset of ptr in it."""
@@ -139,8 +119,25 @@ class DeviceMemory:
         alloc.view(offset, flat.size)[:] = flat
 
 
+def check_host_access(
+    allocs: Iterable[Allocation], host_clock: Mapping[int, int], *, write: bool, what: str
+) -> None:
+    """Refuse a host-synchronous access that races stream work the host has not synchronized
+    (stricter than the card, which would read stale bytes or corrupt the pending task)."""
+    for alloc in allocs:
+        racing = alloc.accesses.conflicts(host_clock, write=write)
+        if racing:
+            streams = ", ".join(f"{h:#x}" for h in racing)
+            raise Fail(
+                RT_PARAM_INVALID,
+                f"{what}: device memory {alloc.base:#x} is used by work on stream {streams} "
+                "that the host has not synchronized (synchronize_stream / synchronize_event "
+                "first)",
+            )
+
+
 class HostMemory:
-    """`rt.malloc_host` memory: real host bytes, kept alive until `rt.free_host`."""
+    """`rt.malloc_host` memory: real host bytes, 64-byte aligned, alive until `rt.free_host`."""
 
     def __init__(self) -> None:
         self._allocs: dict[int, ctypes.Array[ctypes.c_char]] = {}
@@ -149,8 +146,8 @@ class HostMemory:
         return len(self._allocs)
 
     def malloc(self, size: int) -> int:
-        buf = ctypes.create_string_buffer(size)
-        address = ctypes.addressof(buf)
+        buf = ctypes.create_string_buffer(size + _HOST_ALIGN)
+        address = -(-ctypes.addressof(buf) // _HOST_ALIGN) * _HOST_ALIGN
         self._allocs[address] = buf
         return address
 
@@ -159,28 +156,40 @@ class HostMemory:
             raise Fail(RT_PARAM_INVALID, f"{ptr:#x} is not a live rt.malloc_host allocation")
 
 
+@attrs.frozen
+class CopyPlan:
+    """One checked copy: real addresses and the device allocations on each side."""
+
+    dst: int  # real address to write
+    src: int  # real address to read
+    count: int  # bytes
+    dst_alloc: Allocation | None  # device side, if any
+    src_alloc: Allocation | None
+    direction: str  # "h2h", "h2d", "d2h" or "d2d"
+
+
 def plan_copy(
     memory: DeviceMemory, dst: int, dst_max: int, src: int, count: int, kind: int
-) -> tuple[int, int, tuple[Allocation, ...]]:
-    """Check one `rt.memcpy`: (real dst address, real src address, device allocations used).
+) -> CopyPlan:
+    """Check one `rt.memcpy` / `rt.memcpy_async`.
 
-    Hold on to the allocations until the copy is done: they keep the bytes alive.
-
-    Rules: no NULL pointer, `count <= dst_max`, each side is device memory exactly when the
-    kind says so, and device ranges (dst_max included) lie inside one live allocation.
+    Rules: no NULL pointer (100000), a known kind (100000), `count <= dst_max` (107000), each
+    side is device memory exactly when the kind says so (kind 4, ACL_MEMCPY_DEFAULT, infers
+    it from the pointers), and device ranges (dst_max included) lie inside one live
+    allocation (107000).
     """
     if dst == 0 or src == 0:
         raise Fail(INVALID_PARAM, "memcpy with a NULL pointer")
-    if count < 0 or dst_max < 0:
-        raise Fail(INVALID_PARAM, f"memcpy with negative size (count={count}, dst_max={dst_max})")
-    if count > dst_max:
-        raise Fail(INVALID_PARAM, f"memcpy count {count} > dst_max {dst_max}")
-    if kind not in (HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE):
+    if kind not in (HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE, DEFAULT):
         raise Fail(INVALID_PARAM, f"unknown memcpy kind {kind}")
-    dst_on_device = kind in (HOST_TO_DEVICE, DEVICE_TO_DEVICE)
-    src_on_device = kind in (DEVICE_TO_HOST, DEVICE_TO_DEVICE)
-    allocs: list[Allocation] = []
-    addresses: list[int] = []
+    if count > dst_max:
+        raise Fail(RT_PARAM_INVALID, f"memcpy count {count} > dst_max {dst_max}")
+    if kind == DEFAULT:
+        dst_on_device, src_on_device = is_device_pointer(dst), is_device_pointer(src)
+    else:
+        dst_on_device = kind in (HOST_TO_DEVICE, DEVICE_TO_DEVICE)
+        src_on_device = kind in (DEVICE_TO_HOST, DEVICE_TO_DEVICE)
+    sides: list[tuple[int, Allocation | None]] = []
     for ptr, size, on_device, side in (
         (dst, dst_max, dst_on_device, "dst"),
         (src, count, src_on_device, "src"),
@@ -192,8 +201,9 @@ def plan_copy(
             )
         if on_device:
             alloc, offset = memory.find(ptr, size)
-            allocs.append(alloc)
-            addresses.append(alloc.address + offset)
+            sides.append((alloc.address + offset, alloc))
         else:
-            addresses.append(ptr)
-    return addresses[0], addresses[1], tuple(allocs)
+            sides.append((ptr, None))
+    (real_dst, dst_alloc), (real_src, src_alloc) = sides
+    direction = ("d" if src_on_device else "h") + "2" + ("d" if dst_on_device else "h")
+    return CopyPlan(real_dst, real_src, count, dst_alloc, src_alloc, direction)

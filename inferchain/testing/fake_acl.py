@@ -27,34 +27,62 @@ path given to `load_from_file` after `os.path.realpath`.
 Devices and threads: `rt.set_device(d)` makes the device's implicit default context current
 on the calling thread if it has none; `rt.create_context(d)` (device set first, else 107001)
 makes the new context current; other threads must `rt.set_context`. Device memory is a
-simulated address space (pointers >= 2**48, never reused), filled with 0xFF (NaN as float)
-when allocated, as real memory is uninitialised.
+simulated address space (pointers >= 2**48, never reused, 512-byte aligned), filled with
+0xFF (NaN as float) when allocated, as real memory is uninitialised; `rt.malloc_host`
+memory is real, 64-byte aligned host memory.
 
-Rules enforced (code returned):
+Device time: an async copy takes `count / copy_bandwidth` seconds (default 16 GB/s, a PCIe
+4.0 x16 link; None = instant) on its stream's thread, one copy at a time per direction and
+device (the copy engines); compute is the ONNX Runtime run on the stream's thread, stretched
+by `compute_scale`. Events and waits follow stream order. `slices` lists every copy and
+compute as (stream, kind, start, end) for traces.
+
+Arguments are parsed as pyACL's C wrappers do (`_fake_acl_args`): positional only, pointers
+and sizes must be Python ints (numpy ints are a TypeError), `init()`'s path is a str or
+absent (None is a TypeError).
+
+Rules the card enforces too (code returned):
 - use before `init` or after `finalize`: 100001; `init` twice: 100002; `finalize` twice: 100037.
 - a thread without a current context (never set_device / create_context / set_context):
-  107002 on calls that need one (malloc, memcpy, streams, events, load, execute, unload ...).
-- a stream used from a thread whose current context is not the stream's: 107003.
+  107002 on calls that need one (malloc, memcpy, streams, events, load, execute, unload ...);
+  `rt.free` and `rt.synchronize_stream` need none (the runtime switches to the stream's
+  context). `set_context(0)`: 100000.
+- a stream used (memcpy_async, execute_async, record/wait event, destroy) from a thread whose
+  current context is not the stream's: 107003.
 - a model used (execute, unload, set_dynamic_*) outside the context it was loaded in: 107004.
-- a model executing on two streams (or threads) at once: 107000.
-- `memcpy` with `count > dst_max`, a NULL pointer, or a negative size: 100000; a pointer on
-  the wrong side for the kind, or a device range outside a live allocation: 107000.
-- `malloc` of size <= 0 or an unknown policy: 100000; beyond `device_memory`: 207001.
+- a model executing on two streams at once: 107000, decided by order, not timing: an
+  execution on another stream must be ordered before (an event recorded after it that this
+  stream waited for, or a host synchronisation).
+- `memcpy` with a NULL pointer or an unknown kind: 100000; `count > dst_max`, a pointer on
+  the wrong side for the kind, or a device range outside a live allocation: 107000. Kind 4
+  (ACL_MEMCPY_DEFAULT) infers the sides from the pointers. `memcpy_async` with a source or
+  destination that is not 64-byte aligned: 107008 (ACL_ERROR_RT_ADDR_UNALIGNED).
+- `malloc` of size 0: 100000; beyond `device_memory`: 207001; an unknown policy falls back
+  to the default.
 - unknown / already destroyed handles: 107000 for rt objects (context, stream, event, device
   or host memory), 200005 for desc, dataset and data buffer, 100011 for a model_id.
-- still in use (the fake is stricter than the hardware here): destroying a stream with
-  pending tasks, a context with live streams/events/models, an event recorded and not yet
-  reached, freeing memory a pending task uses, unloading an executing model, or the last
-  `reset_device` of a device that still has contexts, streams, models or memory: 107000.
-- racing a pending task: `memcpy`, `memset` or `set_dynamic_*` on device memory that a task
-  still queued on a stream reads or writes (synchronize first): 107000.
+- `destroy_context` also destroys the context's streams, as the runtime does.
 - execute with the wrong number or size of buffers: 100017 (inputs) / 100018 (outputs); a
   gear that was never set in `ascend_mbatch_shape_data`: 145013 (batch) / 145021 (HW),
   reported by `synchronize_stream`; `set_dynamic_*` with a value that is not a gear: 145013 /
   145021, on a model without such gears: 100019; loading a file that is no model: 100003.
+
+Rules stricter than the card (107000 here; the card would race, read stale bytes or leak
+silently), so code that is wrong on hardware fails here on every run. All are decided by the
+order of calls (a happens-before ledger, `_fake_acl_order`), never by timing:
+- a host read (`memcpy`) of device memory that stream work not yet synchronized by the host
+  writes; a host write (`memcpy`, `memset`, `set_dynamic_*`) or `free` of device memory that
+  such work reads or writes;
+- stream work on memory that another stream's unsynchronized work writes (or, for a write,
+  reads), unless this stream waited for an event recorded after it;
+- an async copy into host memory lands only when the host synchronizes past it (the stream,
+  or an event recorded after it); until then the destination reads 0xFF (poison);
+- the teardown ledger: destroying a stream, event or model with work the host has not
+  synchronized; destroying a context that still has events or models; the last
+  `reset_device` of a device that still has contexts, streams, models or memory.
 Not modelled: the default stream (0 is refused with 107000), callbacks, AIPP, op execution.
 
-For tests: `live_handles()`, `call_count(name)`, `calls`, `errors`, `executions`,
+For tests: `live_handles()`, `call_count(name)`, `calls`, `errors`, `executions`, `slices`,
 `inject(call, code, nth=None, p=None)` and `clear_injections()`.
 """
 
@@ -79,6 +107,7 @@ from inferchain.testing._fake_acl_core import (
     Fail,
     Injection,
     Namespace,
+    Slice,
     State,
     api,
     as_int,
@@ -95,7 +124,9 @@ from inferchain.testing._fake_acl_model import (
 )
 from inferchain.testing._fake_acl_rt import FakeRt, Stream
 
-__all__ = ["Execution", "FakeAcl", "FakeAclCrash", "write_fake_om"]
+__all__ = ["Execution", "FakeAcl", "FakeAclCrash", "Slice", "write_fake_om"]
+
+PCIE_BANDWIDTH = 16e9  # bytes/s: the default copy speed, a PCIe 4.0 x16 link
 
 PathKey = str | os.PathLike[str]
 
@@ -137,14 +168,14 @@ def _key(path: PathKey) -> str:
 class FakeUtil(Namespace):
     """`acl.util`: host pointers to and from Python objects."""
 
-    @api("util.bytes_to_ptr")
+    @api("util.bytes_to_ptr", "O")
     def bytes_to_ptr(self, data: bytes) -> int:
         if not isinstance(data, bytes):
             raise TypeError(f"bytes_to_ptr needs bytes, got {type(data).__name__}")
         address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
         return address or 0
 
-    @api("util.ptr_to_bytes")
+    @api("util.ptr_to_bytes", "kk")
     def ptr_to_bytes(self, ptr: int, size: int) -> bytes:
         address, n = as_int(ptr, "ptr"), as_int(size, "size")
         if address == 0 or is_device_pointer(address):
@@ -153,7 +184,7 @@ class FakeUtil(Namespace):
             )
         return ctypes.string_at(address, n)
 
-    @api("util.numpy_to_ptr")
+    @api("util.numpy_to_ptr", "O")
     def numpy_to_ptr(self, array: np.ndarray) -> int:
         return int(array.ctypes.data)
 
@@ -163,7 +194,9 @@ class FakeAcl(Namespace):
 
     Options: `dynamic_batch` / `dynamic_hw` map model paths to gears; `static_batch` is the
     batch of static models whose ONNX batch dim is dynamic (int, or mapping path -> int);
-    `device_count` devices of `device_memory` bytes each; `seed` drives `inject(p=...)`.
+    `device_count` devices of `device_memory` bytes each; `seed` drives `inject(p=...)`;
+    `copy_bandwidth` (bytes/s, None = instant) and `compute_scale` (>= 1) set the device
+    time model.
     """
 
     def __init__(
@@ -175,8 +208,16 @@ class FakeAcl(Namespace):
         device_count: int = 1,
         device_memory: int = 4 << 30,
         seed: int = 0,
+        copy_bandwidth: float | None = PCIE_BANDWIDTH,
+        compute_scale: float = 1.0,
     ) -> None:
+        if copy_bandwidth is not None and copy_bandwidth <= 0:
+            raise ValueError(f"copy_bandwidth must be > 0 bytes/s, got {copy_bandwidth}")
+        if compute_scale < 1.0:
+            raise ValueError(f"compute_scale must be >= 1, got {compute_scale}")
         state = State(seed=seed, device_count=device_count)
+        state.copy_bandwidth = copy_bandwidth
+        state.compute_scale = compute_scale
         state.memory = DeviceMemory(device_count, device_memory)
         state.host = HostMemory()
         super().__init__(state)
@@ -210,7 +251,7 @@ class FakeAcl(Namespace):
 
     # -- the top-level pyACL calls --------------------------------------------------------
 
-    @api("init")
+    @api("init", "|s")
     def init(self, config_path: str | None = None) -> int:
         st = self._state
         with st.lock:
@@ -219,7 +260,7 @@ class FakeAcl(Namespace):
             st.initialized = True
         return 0
 
-    @api("finalize")
+    @api("finalize", "")
     def finalize(self) -> int:
         st = self._state
         with st.lock:
@@ -232,7 +273,7 @@ class FakeAcl(Namespace):
         _stop_streams(st.streams)  # leaked streams stay in the ledger; their threads stop
         return 0
 
-    @api("create_data_buffer", null)
+    @api("create_data_buffer", "kk", null)
     def create_data_buffer(self, data: int, size: int) -> int:
         st = self._state
         ptr, nbytes = as_int(data, "data"), as_int(size, "size")
@@ -246,25 +287,25 @@ class FakeAcl(Namespace):
     def _data_buffer(self, data_buffer: object) -> DataBuffer:
         return lookup(self._state.buffers, data_buffer, "data buffer", INVALID_RESOURCE_HANDLE)
 
-    @api("destroy_data_buffer")
+    @api("destroy_data_buffer", "k")
     def destroy_data_buffer(self, data_buffer: int) -> int:
         with self._state.lock:
             del self._state.buffers[self._data_buffer(data_buffer).handle]
         return 0
 
-    @api("get_data_buffer_addr", null)
+    @api("get_data_buffer_addr", "k", null)
     def get_data_buffer_addr(self, data_buffer: int) -> int:
         return self._data_buffer(data_buffer).ptr
 
-    @api("get_data_buffer_size", null)
+    @api("get_data_buffer_size", "k", null)
     def get_data_buffer_size(self, data_buffer: int) -> int:
         return self._data_buffer(data_buffer).size
 
-    @api("get_data_buffer_size_v2", null)
+    @api("get_data_buffer_size_v2", "k", null)
     def get_data_buffer_size_v2(self, data_buffer: int) -> int:
         return self._data_buffer(data_buffer).size
 
-    @api("get_recent_err_msg")
+    @api("get_recent_err_msg", "")
     def get_recent_err_msg(self) -> str:
         return self._state.recent_error
 
@@ -315,6 +356,13 @@ class FakeAcl(Namespace):
         """Every call that failed, as (name, code), in order (a copy)."""
         with self._state.lock:
             return list(self._state.errors)
+
+    @property
+    def slices(self) -> list[Slice]:
+        """Every simulated copy and compute as (stream, kind, start, end), in the order they
+        ended (a copy); kind is "h2d", "d2h", "d2d", "h2h" or "compute"."""
+        with self._state.lock:
+            return list(self._state.slices)
 
     @property
     def executions(self) -> list[Execution]:

@@ -1,0 +1,245 @@
+"""Mutation check of the acl backend: each mutation below is a bug a real card would punish;
+the acl tests, run on FakeAcl, must fail (kill it) for every one.
+
+Each mutation is applied alone to a copy of the package in a temporary folder (the working
+tree is never touched), and the acl tests run against that copy. Exit status 1 names every
+mutation that survived. The list is documented in docs/backends.md ("Mutation check"); this
+script refuses to run when the two disagree.
+
+Run: `make mutants` or `python tools/mutants.py [--only NAME ...]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs" / "backends.md"
+TESTS = ["tests/test_backend_acl.py", "tests/test_acl_chain.py"]
+ACL = "inferchain/backends/acl.py"
+BUFFERS = "inferchain/backends/acl_buffers.py"
+TIMEOUT_S = 600
+
+
+@attrs.frozen
+class Mutation:
+    """Replace `old` (exactly once in `path`) by `new`."""
+
+    name: str
+    path: str
+    old: str
+    new: str
+
+
+MUTATIONS = [
+    Mutation(
+        "skip-set-context",
+        ACL,
+        "ret: int = self._acl.rt.set_context(self._context)",
+        "ret: int = ACL_SUCCESS",
+    ),
+    Mutation(
+        "no-set-context-at-launch",
+        ACL,
+        '            self._call(self._make_current(), "rt.set_context")\n'
+        "            data = [buffer_set.in_slots[i] for i in self._data_index]",
+        "            data = [buffer_set.in_slots[i] for i in self._data_index]",
+    ),
+    Mutation(
+        "wrong-teardown-order",
+        ACL,
+        "        for buffer_set in self._sets:\n"
+        "            buffer_set.release(acl, attempt)\n"
+        "        for buffer_set in self._sets:\n"
+        "            if buffer_set.stream:\n"
+        '                attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")\n'
+        "                buffer_set.stream = 0\n",
+        "        for buffer_set in self._sets:\n"
+        "            if buffer_set.stream:\n"
+        '                attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")\n'
+        "                buffer_set.stream = 0\n"
+        "        for buffer_set in self._sets:\n"
+        "            buffer_set.release(acl, attempt)\n",
+    ),
+    Mutation(
+        "missing-sync-before-reading-outputs",
+        ACL,
+        "ret = self._acl.rt.synchronize_stream(buffer_set.stream)\n"
+        '            self._call(ret, f"rt.synchronize_stream (stream',
+        'ret = ACL_SUCCESS\n            self._call(ret, f"rt.synchronize_stream (stream',
+    ),
+    Mutation(
+        "sync-the-wrong-stream",
+        ACL,
+        "ret = self._acl.rt.synchronize_stream(buffer_set.stream)\n"
+        '            self._call(ret, f"rt.synchronize_stream (stream',
+        "ret = self._acl.rt.synchronize_stream(self._sets[0].stream)\n"
+        '            self._call(ret, f"rt.synchronize_stream (stream',
+    ),
+    Mutation(
+        "no-sync-at-teardown",
+        ACL,
+        'attempt(rt.synchronize_stream(buffer_set.stream), "rt.synchronize_stream")',
+        "None",
+    ),
+    Mutation(
+        "no-event-wait-between-executions",
+        ACL,
+        "if previous is not None and previous is not buffer_set:",
+        "if False:",
+    ),
+    Mutation(
+        "numpy-int-count",
+        ACL,
+        "count = math.prod(shape) * slot.dtype.itemsize",
+        "count = np.prod(shape) * slot.dtype.itemsize",
+    ),
+    Mutation(
+        "keyword-args",
+        BUFFERS,
+        "rt.malloc(slot.size, ACL_MEM_MALLOC_HUGE_FIRST)",
+        "rt.malloc(size=slot.size, policy=ACL_MEM_MALLOC_HUGE_FIRST)",
+    ),
+    Mutation("init-with-none", ACL, "ret = acl.init()", "ret = acl.init(None)"),
+    Mutation(
+        "unaligned-async-copy",
+        ACL,
+        "slot.ptr, slot.size, slot.host_ptr, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, stream",
+        "slot.ptr, slot.size, array.ctypes.data, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, stream",
+    ),
+    Mutation(
+        "per-batch-malloc",
+        ACL,
+        "            self._stage(array, slot, rows)\n",
+        "            self._stage(array, slot, rows)\n            rt.malloc(slot.size, 0)\n",
+    ),
+    Mutation(
+        "swapped-datasets",
+        ACL,
+        "self._model_id, buffer_set.in_dataset, buffer_set.out_dataset, stream",
+        "self._model_id, buffer_set.out_dataset, buffer_set.in_dataset, stream",
+    ),
+    Mutation(
+        "no-input-copy",
+        ACL,
+        "            ret = rt.memcpy_async(\n"
+        "                slot.ptr, slot.size, slot.host_ptr, array.nbytes,",
+        "            ret = ACL_SUCCESS if slot else rt.memcpy_async(\n"
+        "                slot.ptr, slot.size, slot.host_ptr, array.nbytes,",
+    ),
+    Mutation(
+        "gear-too-small",
+        ACL,
+        "bisect.bisect_left(self._batch_gears, rows)",
+        "bisect.bisect_left(self._batch_gears, rows) - 1",
+    ),
+    Mutation(
+        "gear-cached-across-sets",
+        ACL,
+        "if gear != buffer_set.gear:",
+        "if gear != self._sets[0].gear:",
+    ),
+    Mutation(
+        "one-staging-buffer-for-all-sets",
+        ACL,
+        "        data = [buffer_set.in_slots[i] for i in self._data_index]\n        for array",
+        "        data = [self._sets[0].in_slots[i] for i in self._data_index]\n        for array",
+    ),
+    Mutation(
+        "free-without-destroying-data-buffers",
+        BUFFERS,
+        'attempt(acl.destroy_data_buffer(slot.buffer), "destroy_data_buffer")',
+        "None",
+    ),
+]
+
+
+def documented() -> list[str]:
+    """The mutation names docs/backends.md lists (`- \\`name\\`: ...` under its heading)."""
+    text = DOCS.read_text(encoding="utf-8")
+    section = text.split("### Mutation check", 1)[-1].split("\n## ", 1)[0]
+    return re.findall(r"^- `([a-z0-9-]+)`", section, flags=re.MULTILINE)
+
+
+def apply(root: Path, mutation: Mutation) -> None:
+    path = root / mutation.path
+    text = path.read_text(encoding="utf-8")
+    if text.count(mutation.old) != 1:
+        raise SystemExit(f"{mutation.name}: the text to mutate is not in {mutation.path} once")
+    path.write_text(text.replace(mutation.old, mutation.new), encoding="utf-8")
+
+
+def run_tests(root: Path) -> tuple[bool, str]:
+    """Run the acl tests against the package copy under `root`: (passed, last output)."""
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+    where = subprocess.run(  # run from `root`: the current folder comes first on sys.path
+        [sys.executable, "-c", "import inferchain; print(inferchain.__file__)"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not where.startswith(str(root)):
+        raise SystemExit(f"the copy is not what gets imported ({where}); cannot run mutants")
+    config = ["-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO)]
+    tests = [str(REPO / t) for t in TESTS]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *config, *tests],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return False, "timed out"
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode == 0, lines[-1] if lines else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", nargs="*", help="run these mutations only")
+    args = parser.parse_args()
+    names = [m.name for m in MUTATIONS]
+    if documented() != names:
+        raise SystemExit(f"docs/backends.md lists {documented()}, this script has {names}")
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    survivors = []
+    with tempfile.TemporaryDirectory(prefix="inferchain-mutants-") as tmp:
+        pristine = Path(tmp) / "pristine"
+        shutil.copytree(REPO / "inferchain", pristine / "inferchain")
+        passed, summary = run_tests(pristine)
+        if not passed:
+            raise SystemExit(f"the acl tests fail without any mutation: {summary}")
+        for mutation in chosen:
+            root = Path(tmp) / mutation.name
+            shutil.copytree(pristine, root)
+            apply(root, mutation)
+            started = time.perf_counter()
+            passed, summary = run_tests(root)
+            verdict = "SURVIVED" if passed else "killed"
+            took = time.perf_counter() - started
+            print(f"{mutation.name:40s} {verdict:8s} {took:5.1f}s  {summary}", flush=True)
+            if passed:
+                survivors.append(mutation.name)
+            shutil.rmtree(root)
+    print(f"{len(chosen) - len(survivors)} of {len(chosen)} mutations killed")
+    if survivors:
+        raise SystemExit(f"mutations that survived: {', '.join(survivors)}")
+
+
+if __name__ == "__main__":
+    main()
