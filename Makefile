@@ -22,7 +22,7 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 run: $(STAMP_RUN)
 	$(BIN)/inferchain run recipes/ocr --output out/ocr --overwrite
 
-test: $(STAMP_DEV) lint typecheck pytest
+test: $(STAMP_DEV) lint typecheck pytest gate
 
 lint: $(STAMP_DEV)
 	$(BIN)/ruff check inferchain tests benchmarks recipes tools
@@ -33,6 +33,10 @@ typecheck: $(STAMP_DEV)
 
 pytest: $(STAMP_DEV)
 	$(BIN)/python -m pytest -q
+
+# the core benchmark in quick mode, failing below loose floors (a regression gate)
+gate: $(STAMP_DEV)
+	cd benchmarks && ../$(BIN)/python bench_core.py --quick --gate
 
 BENCHMARKS := bench_core bench_memory bench_startup bench_ocr bench_ray bench_acl_streams
 

@@ -367,10 +367,6 @@ def test_an_admitted_work_expires_only_while_some_rows_are_not_yet_taken() -> No
     assert scheduler.schedule(1.0).expired == (untaken,)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler.py schedule(): _admit() admits works that _expire() has just expired",
-)
 def test_a_work_already_past_its_deadline_is_expired_not_admitted() -> None:
     scheduler = create_scheduler()
     late = create_work(1, deadline=1.0)
@@ -398,11 +394,6 @@ def test_cancelled_and_ended_works_in_the_heap_are_skipped() -> None:
     assert cancelled.state is S.WAITING
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler.py drop(): does not mark the model for admission, so a work queued "
-    "behind a dropped one waits for the next release() or add()",
-)
 def test_dropping_the_work_that_held_back_others_lets_them_in_at_the_next_schedule() -> None:
     scheduler = create_scheduler({"a": 2})
     scheduler.add(create_work(1))
@@ -437,6 +428,27 @@ def test_waiting_works_lists_both_queued_and_blocked_works() -> None:
         scheduler.add(w)
     scheduler.schedule(0.0)
     assert sorted(ids(scheduler.waiting_works())) == [2, 3]
+
+
+def test_has_news_tells_whether_the_next_schedule_may_admit_or_fail_something() -> None:
+    scheduler = create_scheduler({"a": 1})
+    assert not scheduler.has_news
+    first, second = create_work(1), create_work(2)
+    scheduler.add(first)
+    scheduler.add(second)
+    assert scheduler.has_news
+    scheduler.schedule(0.0)
+    assert not scheduler.has_news  # work 2 waits for a slot
+    scheduler.release(first)
+    assert scheduler.has_news
+    scheduler.schedule(0.0)
+    dep = create_request(100)
+    scheduler.add(create_work(3, "a", depends_on=[dep]))
+    scheduler.schedule(0.0)
+    assert not scheduler.has_news  # blocked on its dependency
+    end_request(dep, S.ERROR)
+    scheduler.settled(dep)
+    assert scheduler.has_news  # the dependent fails at the next schedule
 
 
 def test_schedule_with_nothing_to_do_returns_the_empty_plan() -> None:
@@ -480,7 +492,13 @@ def test_admit_now_refuses_without_queueing_when_it_would_jump_the_queue() -> No
 
 MACHINE_SLOTS = {"a": 2, "b": 3}
 MACHINE_BUDGETS: dict[str, int | None] = {"a": None, "b": 8}  # bytes; rows are 4 or 8 bytes
-WAITING, ADMITTED, RELEASED, FAILED, DROPPED = "waiting", "admitted", "released", "failed", "dropped"
+WAITING, ADMITTED, RELEASED, FAILED, DROPPED = (
+    "waiting",
+    "admitted",
+    "released",
+    "failed",
+    "dropped",
+)
 
 
 def rank(w: Work) -> tuple[int, int]:

@@ -112,6 +112,9 @@ class Scheduler:
         """A waiting work ended before admission (cancelled, timed out, failed)."""
         self.num_waiting -= work.rows
         self._num_deps.pop(work.id, None)
+        q = self._queues[work.model]
+        if q.heap:
+            self._dirty.add(q.name)  # it may have held back the works behind it
 
     def watches(self, request_id: int) -> bool:
         """True when some waiting work depends on this request."""
@@ -203,6 +206,9 @@ class Scheduler:
             work = heap[0][2]
             if work.state is not _WAITING or work.cancelled:
                 heapq.heappop(heap)  # ended while waiting: the engine dropped it
+                continue
+            if work.deadline is not None and work.deadline <= now:
+                heapq.heappop(heap)  # expired in this plan: the engine ends it
                 continue
             if not q.can_schedule(work):
                 break
