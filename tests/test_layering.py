@@ -170,7 +170,6 @@ def test_the_backend_interface_loads_concrete_backends_only_when_asked() -> None
     concrete = (
         "inferchain.backends.onnxruntime",
         "inferchain.backends.acl",
-        "inferchain.backends.acl_api",
         "onnxruntime",
         "acl",
     )

@@ -641,10 +641,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._end_waiting(w, S.ERROR, error)
             self.fate[w.id] = FAILED
         assert doomed <= reported, f"dependents of failed requests not failed: {doomed - reported}"
-        for model in MACHINE_SLOTS:
-            if not self._with(ADMITTED, model):  # holding nothing, any work fits
-                stranded = [w for w in self._with(WAITING, model) if self._eligible(w)]
-                assert not stranded, f"{model} holds nothing while {stranded} wait"
+        for model in MACHINE_SLOTS:  # nothing waits that fits (and holding nothing, all fit)
+            eligible_now = sorted(
+                (w for w in self._with(WAITING, model) if self._eligible(w)), key=rank
+            )
+            if eligible_now:
+                head = eligible_now[0]
+                assert not self._fits(model, head), f"{model}: {head} fits but still waits"
         return multiple(*plan.admitted)
 
     @rule(work=consumes(admitted), ok=st.booleans())
