@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,24 @@ def test_priority_order_end_to_end(mlp_path: Path) -> None:
     assert [(q.priority, q.id) for q in order] == sorted(
         ((q.priority, q.id) for q in reqs), key=lambda t: (-t[0], t[1])
     )
+
+
+def test_cancelling_the_last_ready_rows_settles_their_work_once(mlp_path: Path) -> None:
+    r = mlp(mlp_path, max_batch_size=1, max_queue_delay_ms=1000)
+    oi, backend = faulty(r, slow_runs={1, 2, 3}, run_delay_s=0.2)
+    with oi:
+        oi.submit("m", X).wait()  # one slow batch: the worker now holds two at most
+        busy = oi.submit_many("m", [X, X])
+        pair = oi.submit_many("m", [X, X])  # admitted, READY behind the busy ones
+        deadline = time.monotonic() + 5
+        while pair[1].state is not S.READY and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert [q.cancel() for q in pair] == [True, True]
+        assert oi.wait_all(timeout=10)
+        assert backend.counts["run"] == 3  # the cancelled rows never ran
+        assert oi.infer("m", X)["y"].shape == (10,)
+    assert [q.state for q in busy] == [S.DONE, S.DONE]
+    assert [q.state for q in pair] == [S.CANCELLED, S.CANCELLED]
 
 
 def test_queue_full_and_blocking_submit(mlp_path: Path) -> None:

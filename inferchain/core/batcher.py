@@ -47,7 +47,9 @@ class ModelBatcher:
         best: ShapeKey | None = None
         best_t = next_due = float("inf")
         for key, group in self.groups.items():
-            head = group[0].admitted or now
+            head = group[0].admitted
+            if head is None:
+                head = now
             if all_idle or self._rows[key] >= self.max_rows or head + self.delay <= now:
                 if head < best_t:
                     best, best_t = key, head

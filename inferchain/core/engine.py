@@ -518,6 +518,10 @@ class ExecutionEngine:
             self._scheduler.drop(work)
             self._unqueue(work.rows)
         else:
+            untaken = work.rows - work.taken
+            if untaken > 0:  # e.g. its last rows' requests were cancelled while READY
+                self._models[work.model].batcher.forget(work, untaken)
+                work.taken = work.rows
             self._scheduler.release(work)
         work.finish()
         with self._drained:
