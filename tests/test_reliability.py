@@ -164,6 +164,18 @@ def test_cancelling_the_last_ready_rows_settles_their_work_once(mlp_path: Path) 
     assert [q.state for q in pair] == [S.CANCELLED, S.CANCELLED]
 
 
+def test_a_failure_fails_a_whole_chain_of_dependents(mlp_path: Path) -> None:
+    oi, _ = faulty(mlp(mlp_path, max_batch_size=1), fail_runs={1}, slow_runs={1}, run_delay_s=0.2)
+    with oi:
+        first = oi.submit("m", X)
+        chain = [first]
+        for _ in range(3):
+            chain.append(oi.submit("m", X, depends_on=[chain[-1]]))
+        assert oi.wait_all(timeout=10)  # each failure ends the next dependent in turn
+    assert [q.state for q in chain] == [S.ERROR] * 4
+    assert all(isinstance(q.error, ic.DependencyFailed) for q in chain[1:])
+
+
 def test_queue_full_and_blocking_submit(mlp_path: Path) -> None:
     r = recipe(
         {"name": "m", "path": str(mlp_path), "max_batch_size": 1, "slots": 1},

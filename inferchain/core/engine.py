@@ -320,8 +320,9 @@ class ExecutionEngine:
             while submitted:
                 scheduler.add(submitted.popleft())
         plan = scheduler.schedule(now)
-        if plan.admitted or plan.expired or plan.failed:
-            self._apply(plan)
+        while plan.admitted or plan.expired or plan.failed:
+            self._apply(plan)  # ending rows may unblock, fail or make room for others
+            plan = scheduler.schedule(now)
         next_due = scheduler.next_deadline
         for model in self._models.values():
             if model.batcher.num_ready:
