@@ -396,21 +396,6 @@ class OfflineInference:
             key = loaded.shapes.key_of(exact) if batched else exact
             rows = len(inputs[0]) if batched else 1
             first = self._take_ids(rows if per_item else 1)
-            requests = None
-            if per_item:
-                requests = tuple(
-                    Request(
-                        first + i,
-                        model,
-                        tuple(a[i] for a in inputs) if batched else inputs,
-                        priority=prio,
-                        deadline=deadline,
-                        depends_on=depends_on,
-                        callback=callback,
-                        on_cancel=engine.cancelled,
-                    )
-                    for i in range(rows)
-                )
             work = Work(
                 first,
                 model,
@@ -423,14 +408,28 @@ class OfflineInference:
                 priority=prio,
                 deadline=deadline,
                 depends_on=depends_on,
-                requests=requests,
                 on_cancel=engine.cancelled,
                 listener=listener,
             )
-            if requests is not None:
-                for i, r in enumerate(requests):
-                    r.work = work
-                    r.row = i
+            if per_item:  # each row's inputs are views made only when asked for
+                lock = work.lock
+                on_cancel = engine.cancelled
+                work.requests = tuple(
+                    Request(
+                        first + i,
+                        model,
+                        priority=prio,
+                        deadline=deadline,
+                        depends_on=depends_on,
+                        callback=callback,
+                        on_cancel=on_cancel,
+                        work=work,
+                        row=i,
+                        lock=lock,
+                        created=now,
+                    )
+                    for i in range(rows)
+                )
             works.append(work)
         return works
 

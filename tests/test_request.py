@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from inferchain import InvalidTransition, Request, RequestCancelled, RequestState
-from inferchain.core.request import TRANSITIONS
+from inferchain.core.request import TRANSITIONS, advance, conclude
 
 S = RequestState
 LEGAL = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
@@ -177,3 +178,83 @@ def test_done_listener_runs_once_even_if_added_late() -> None:
     r.add_done_listener(lambda req: seen.append(req.state))
     assert seen == [S.DONE, S.DONE]
     assert set(r.timings) == {"WAITING", "READY", "RUNNING", "DONE"}
+
+
+# -- many requests of one Work at once ---------------------------------------------------
+
+
+def siblings(n: int) -> tuple[threading.Lock, list[Request]]:
+    lock = threading.Lock()
+    return lock, [Request(i, "m", (np.zeros(1, np.float32),), lock=lock) for i in range(n)]
+
+
+@given(
+    starts=st.lists(st.sampled_from(list(S)), min_size=1, max_size=8),
+    to=st.sampled_from(list(S)),
+)
+def test_bulk_transitions_agree_with_the_table(
+    starts: list[RequestState], to: RequestState
+) -> None:
+    lock, reqs = siblings(len(starts))
+    seen: list[int] = []
+    for r, start in zip(reqs, starts, strict=True):
+        drive_to(r, start)
+        r.add_done_listener(lambda q: seen.append(q.id))
+    seen.clear()  # listeners of requests already terminal ran at once
+    movable = [(s, to) in LEGAL for s in starts]
+    if to.is_terminal:
+        outs = [{"y": np.full(1, i, np.float32)} for i in range(len(reqs))]
+        ended = conclude(reqs, to, lock, outs if to is S.DONE else None, RuntimeError("x"))
+        assert [r.id for r in ended] == [r.id for r, ok in zip(reqs, movable, strict=True) if ok]
+        assert seen == [r.id for r in ended]  # each listener ran once, after the move
+        for r in ended:
+            assert r.state is to and r.inputs == ()
+            if to is S.DONE:
+                assert r.outputs is not None and r.outputs["y"][0] == r.id
+    else:
+        stuck = advance(reqs, to, lock, 12.5)
+        assert stuck == [i for i, ok in enumerate(movable) if not ok]
+        for r, start, ok in zip(reqs, starts, movable, strict=True):
+            assert r.state is (to if ok else start)
+            if ok:
+                assert r.stamp(to) == 12.5
+
+
+def race_bulk_admission_and_cancel() -> tuple[list[Request], list[int], bool]:
+    lock, reqs = siblings(16)
+    barrier = threading.Barrier(2)
+    out: dict[str, Any] = {}
+
+    def admit() -> None:
+        barrier.wait()
+        out["stuck"] = advance(reqs, S.READY, lock, 1.0)
+
+    def cancel() -> None:
+        barrier.wait()
+        out["cancelled"] = reqs[7].cancel()
+
+    threads = [threading.Thread(target=admit), threading.Thread(target=cancel)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return reqs, out["stuck"], out["cancelled"]
+
+
+def test_a_cancel_racing_a_bulk_advance_is_seen_by_it_or_comes_after() -> None:
+    for _ in range(100):
+        reqs, stuck, cancelled = race_bulk_admission_and_cancel()
+        assert cancelled and reqs[7].state is S.CANCELLED
+        assert stuck in ([], [7])  # moved to READY first, or skipped as cancelled
+        assert all(r.state is S.READY for i, r in enumerate(reqs) if i != 7)
+
+
+def test_a_request_of_a_work_reads_its_row_lazily() -> None:
+    from inferchain.core.work import Work
+
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    work = Work(1, "m", (x,), shape_key=((2,),), exact=((2,),), names=("y",), submitted=0.0)
+    r = Request(2, "m", work=work, row=1, lock=work.lock)
+    assert [a.tolist() for a in r.inputs] == [[2.0, 3.0]]
+    assert r.cancel()
+    assert r.inputs == ()

@@ -8,11 +8,12 @@ a batch may hold rows of several Works.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from inferchain.config import ModelConfig
 from inferchain.core.records import ShapeKey, Slice
-from inferchain.core.request import RequestState
+from inferchain.core.request import RequestState, advance
 from inferchain.core.work import Work
 
 _READY = RequestState.READY
@@ -97,16 +98,16 @@ class ModelBatcher:
         """Rows of a work with per-item Requests: each moves to RUNNING, or is skipped
         when it was cancelled or timed out meanwhile; runs of live rows become slices."""
         assert work.requests is not None
-        requests = work.requests
         start = work.taken
         stop = min(work.rows, start + self.max_rows - rows)
+        now = time.perf_counter()
         run_start = start
-        for i in range(start, stop):
-            if not requests[i].try_transition(_RUNNING):
-                if i > run_start:
-                    slices.append(Slice(work, run_start, i, rows))
-                    rows += i - run_start
-                run_start = i + 1
+        for i in advance(work.requests[start:stop], _RUNNING, work.lock, now):
+            i += start
+            if i > run_start:
+                slices.append(Slice(work, run_start, i, rows))
+                rows += i - run_start
+            run_start = i + 1
         if stop > run_start:
             slices.append(Slice(work, run_start, stop, rows))
             rows += stop - run_start

@@ -33,7 +33,7 @@ from inferchain.config import ModelConfig
 from inferchain.core.batcher import ModelBatcher
 from inferchain.core.callbacks import CallbackThread
 from inferchain.core.records import Batch, BatchResult, BatchTiming, Plan, Slice, WorkerChanged
-from inferchain.core.request import Request, RequestState
+from inferchain.core.request import Request, RequestState, advance, conclude
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.work import Work
 from inferchain.core.worker import ModelWorker
@@ -334,11 +334,11 @@ class ExecutionEngine:
     def _apply(self, plan: Plan) -> None:
         admitted = plan.admitted
         if admitted:
+            now = time.perf_counter()
             for work in admitted:
                 self._models[work.model].batcher.add(work)
                 if work.requests is not None:
-                    for r in work.requests:
-                        r.try_transition(S.READY)
+                    advance(work.requests, S.READY, work.lock, now)
             self._unqueue(sum(w.rows for w in admitted))
         for work in plan.expired:
             timeout = RequestTimeout(
@@ -433,41 +433,40 @@ class ExecutionEngine:
     def _deliver(self, work: Work, s: Slice, pieces: tuple[np.ndarray, ...]) -> None:
         assert work.requests is not None
         names = work.names
-        requests = work.requests[s.start : s.stop]
-        done = S.DONE
-        callbacks = self._callbacks
-        watch = self._scheduler is not None and self._scheduler.watches
+        outputs: Iterable[dict[str, np.ndarray]]
         if not work.batched:
-            rows: Iterable[tuple[np.ndarray, ...]] = (pieces,)
+            outputs = (dict(zip(names, pieces, strict=True)),)
+        elif len(names) == 1:
+            name = names[0]
+            outputs = ({name: row} for row in pieces[0])
         else:
-            rows = zip(*pieces, strict=True)
-        for r, row in zip(requests, rows, strict=True):
-            r.try_transition(done, outputs=dict(zip(names, row, strict=True)))
-            self._ended(r, callbacks, watch)
+            outputs = (dict(zip(names, row, strict=True)) for row in zip(*pieces, strict=True))
+        self._ended(conclude(work.requests[s.start : s.stop], S.DONE, work.lock, outputs))
 
     def _fail_slice(self, s: Slice, error: BaseException) -> None:
         work = s.work
         if work.requests is None:
             work.pieces.append((s.start, s.stop, error))
         else:
-            callbacks = self._callbacks
-            watch = self._scheduler is not None and self._scheduler.watches
-            for r in work.requests[s.start : s.stop]:
-                r.try_transition(S.ERROR, error=error)
-                self._ended(r, callbacks, watch)
+            self._ended(conclude(work.requests[s.start : s.stop], S.ERROR, work.lock, None, error))
         work.settled += s.rows
         if work.settled >= work.rows:
             self._settle(work)
 
-    def _ended(self, r: Request, callbacks: CallbackThread, watch: object) -> None:
-        """Bookkeeping of one request that just ended (engine thread)."""
-        self.live.pop(r.id, None)
-        if r.outputs is None:
-            self._remember_failed(r)
-        if watch and self._scheduler is not None and self._scheduler.watches(r.id):
-            self._scheduler.settled(r)
-        if r.callback is not None:
-            callbacks.put(r)
+    def _ended(self, requests: Iterable[Request]) -> None:
+        """Bookkeeping of requests that just ended (engine thread)."""
+        live = self.live
+        scheduler = self._scheduler
+        assert scheduler is not None
+        put = self._callbacks.put
+        for r in requests:
+            live.pop(r.id, None)
+            if r.outputs is None:
+                self._remember_failed(r)
+            if scheduler.watches(r.id):
+                scheduler.settled(r)
+            if r.callback is not None:
+                put(r)
 
     def _remember_failed(self, r: Request) -> None:
         failed = self.failed
@@ -478,8 +477,8 @@ class ExecutionEngine:
     def _on_cancelled(self, item: Request | Work) -> None:
         if isinstance(item, Request):
             work = item.work
-            assert isinstance(work, Work)
-            self._ended(item, self._callbacks, True)
+            assert work is not None
+            self._ended((item,))
             work.settled += 1
             if work.settled >= work.rows and not work.done:
                 self._settle(work)
@@ -504,11 +503,9 @@ class ExecutionEngine:
             work.pieces.append((start, work.rows, error))
             work.settled += untaken
         else:
-            callbacks = self._callbacks
-            for r in work.requests[start:]:
-                if r.try_transition(state, error=error):
-                    self._ended(r, callbacks, True)
-                    work.settled += 1
+            ended = conclude(work.requests[start:], state, work.lock, None, error)
+            self._ended(ended)
+            work.settled += len(ended)
         if work.settled >= work.rows:
             self._settle(work)
 
@@ -536,9 +533,7 @@ class ExecutionEngine:
         with self._drained:
             self._outstanding += 1
         if work.requests is not None:
-            live = self.live
-            for r in work.requests:
-                live[r.id] = r
+            self.live.update(zip(range(work.id, work.id + work.rows), work.requests, strict=True))
 
     def _unqueue(self, rows: int) -> None:
         with self._space:

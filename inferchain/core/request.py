@@ -13,11 +13,15 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from inferchain.errors import InvalidTransition, RequestCancelled
+
+if TYPE_CHECKING:
+    from inferchain.core.work import Work
 
 Outputs = dict[str, np.ndarray]
 Callback = Callable[["Request"], object]
@@ -63,6 +67,7 @@ class Request:
 
     __slots__ = (
         "__weakref__",
+        "_inputs",
         "_listeners",
         "_lock",
         "_on_cancel",
@@ -74,7 +79,6 @@ class Request:
         "depends_on",
         "error",
         "id",
-        "inputs",
         "model",
         "outputs",
         "priority",
@@ -86,31 +90,38 @@ class Request:
         self,
         id: int,
         model: str,
-        inputs: tuple[np.ndarray, ...],
+        inputs: tuple[np.ndarray, ...] | None = None,
         *,
         priority: int = 0,
         deadline: float | None = None,
         depends_on: tuple[Request, ...] = (),
         callback: Callback | None = None,
         on_cancel: Callable[[Request], None] | None = None,
+        work: Work | None = None,
+        row: int = 0,
+        lock: threading.Lock | None = None,
+        created: float | None = None,
     ) -> None:
+        """`inputs`: one array per model input; None = row `row` of `work`'s inputs. `lock`
+        is shared by the requests of one Work (their transitions then batch under it)."""
         self.id = id  # unique and increasing per OfflineInference
         self.model = model  # name of the model in the recipe
-        self.inputs = inputs  # one array per model input, in the model's input order
+        self._inputs = inputs
         self.priority = priority  # higher runs first
         self.deadline = deadline  # time.perf_counter() seconds; None = no deadline
         self.depends_on = depends_on  # requests that must be DONE before this one runs
         self.callback = callback  # called with the request once terminal (callback thread)
         self.outputs: Outputs | None = None  # name -> array, once DONE
         self.error: BaseException | None = None  # once ERROR / CANCELLED / TIMED_OUT
-        self._lock = threading.Lock()
+        self._lock = threading.Lock() if lock is None else lock
         self._state = RequestState.WAITING
-        self._stamps: list[float | None] = [time.perf_counter(), None, None, None, None, None, None]
+        created = time.perf_counter() if created is None else created
+        self._stamps: list[float | None] = [created, None, None, None, None, None, None]
         self._waiter: threading.Lock | None = None  # held until terminal; see wait()
         self._listeners: list[Callable[[Request], None]] | None = None
         self._on_cancel = on_cancel  # tells the engine of a cancel() made on another thread
-        self.work: object | None = None  # the Work that carries this item
-        self.row = 0  # this item's row in that Work
+        self.work = work  # the Work that carries this item
+        self.row = row  # this item's row in that Work
 
     def __repr__(self) -> str:
         return f"<Request {self.id} {self.model} {self._state.name}>"
@@ -118,6 +129,16 @@ class Request:
     @property
     def state(self) -> RequestState:
         return self._state
+
+    @property
+    def inputs(self) -> tuple[np.ndarray, ...]:
+        """One array per model input, in the model's input order; () once finished."""
+        if self._inputs is not None:
+            return self._inputs
+        work = self.work
+        if work is None or self._state >= RequestState.DONE or not work.inputs:
+            return ()
+        return tuple(a[self.row] for a in work.inputs) if work.batched else work.inputs
 
     @property
     def done(self) -> bool:
@@ -168,7 +189,7 @@ class Request:
                 return True
             self.outputs = outputs
             self.error = error
-            self.inputs = ()  # free the item's memory as soon as it is finished
+            self._inputs = ()  # free the item's memory as soon as it is finished
             if self._waiter is not None:
                 self._waiter.release()
             listeners, self._listeners = self._listeners, None
@@ -232,3 +253,58 @@ class Request:
             return self.outputs
         assert self.error is not None
         raise self.error
+
+
+# -- many requests of one Work at once (the engine's hot path) --------------------------
+
+
+def advance(
+    requests: Iterable[Request], to: RequestState, lock: threading.Lock, now: float
+) -> list[int]:
+    """Move each of `requests` to the non-terminal state `to` where the table allows it,
+    all under `lock` (the one their Work's requests share), stamped `now`. Returns the
+    positions of those that could not move (e.g. cancelled meanwhile)."""
+    assert to < RequestState.DONE
+    stuck: list[int] = []
+    with lock:
+        for i, r in enumerate(requests):
+            if to in _ALLOWED[r._state]:
+                r._state = to
+                r._stamps[to] = now
+            else:
+                stuck.append(i)
+    return stuck
+
+
+def conclude(
+    requests: Sequence[Request],
+    to: RequestState,
+    lock: threading.Lock,
+    outputs: Iterable[Outputs] | None = None,
+    error: BaseException | None = None,
+) -> list[Request]:
+    """End each of `requests` in the terminal state `to` (with its row of `outputs`, or
+    `error`) where the table allows it, under their shared `lock`; then wake their
+    waiters and run their listeners. Returns the requests that ended here."""
+    assert to >= RequestState.DONE
+    now = time.perf_counter()
+    ended: list[Request] = []
+    rows: Iterable[Outputs | None] = outputs if outputs is not None else (None for _ in requests)
+    with lock:
+        for r, out in zip(requests, rows, strict=True):
+            if to not in _ALLOWED[r._state]:
+                continue
+            r._state = to
+            r._stamps[to] = now
+            r.outputs = out
+            r.error = error
+            r._inputs = ()
+            ended.append(r)
+    for r in ended:
+        if r._waiter is not None:
+            r._waiter.release()
+        if r._listeners is not None:
+            listeners, r._listeners = r._listeners, None
+            for fn in listeners:
+                fn(r)
+    return ended
