@@ -53,6 +53,7 @@ class LibraryLogger:
         self.name = name
         self._structlog: Any = structlog.get_logger(name)
         self._stdlib: Any = _stdlib_logger(name)
+        self._logging = logging.getLogger(name)
 
     @property
     def target(self) -> Any:
@@ -61,7 +62,9 @@ class LibraryLogger:
 
     def enabled(self, level: int) -> bool:
         """True when an event at `level` (a `logging` level) would go anywhere."""
-        target = self.target
+        if not structlog.is_configured():
+            return self._logging.isEnabledFor(level)  # cached by `logging`: cheap per batch
+        target = self._structlog
         check = getattr(target, "is_enabled_for", None) or getattr(target, "isEnabledFor", None)
         return bool(check(level)) if check is not None else True
 

@@ -311,14 +311,17 @@ class OfflineInference:
         config = self.recipe.model(model)
         limit = max_in_flight or 2 * config.num_slots
         size = chunk or config.batch_rows
+        if isinstance(inputs, np.ndarray):  # rows cost nothing to cut: few, large Works
+            size = max(size, size * (limit // (4 * size)))
 
         def submit(
             items: Sequence[Any] | np.ndarray, notify: Callable[[Work], None] | None
         ) -> list[Work]:
             works = self._works(model, items, priority=priority, listener=notify)
             for w in works:
-                w.arm()
-                engine.submit(w)
+                if not engine.run_now(w, short_only=True):
+                    w.arm()
+                    engine.submit(w)
             return works
 
         return in_flight(submit, inputs, limit=max(limit, size), chunk=size, ordered=ordered)

@@ -338,3 +338,65 @@ def test_a_failing_logger_strands_nothing(mlp_path: Path) -> None:
         assert states.count(S.DONE) == 1 and states.count(S.ERROR) == 9
     finally:
         structlog.configure(**saved)
+
+
+# -- streams on the caller's thread ------------------------------------------------------
+
+
+def test_a_stream_on_an_idle_model_runs_on_the_callers_thread(mlp_path: Path) -> None:
+    xs = np.random.default_rng(5).standard_normal((40, 64)).astype(np.float32)
+    (expected,) = ort.InferenceSession(str(mlp_path)).run(None, {"x": xs})
+    oi, backend = faulty(mlp(mlp_path))
+    with oi:
+        got = np.concatenate([b["y"] for b in oi.map_batches("m", xs)])
+        stats = oi.stats().models["m"]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert backend.run_threads == ["MainThread"] * 10  # batches of 4, no thread hand-off
+    assert stats.requests == 40 and stats.batch_sizes == {4: 10}
+
+
+def test_a_stream_hands_its_rows_to_the_loop_once_batches_are_slow(mlp_path: Path) -> None:
+    xs = np.random.default_rng(6).standard_normal((40, 64)).astype(np.float32)
+    (expected,) = ort.InferenceSession(str(mlp_path)).run(None, {"x": xs})
+    oi, backend = faulty(mlp(mlp_path), slow_runs={2}, run_delay_s=0.01)
+    with oi:
+        got = np.stack([m["y"] for m in oi.map("m", xs)])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    threads = backend.run_threads
+    assert threads[:2] == ["MainThread"] * 2  # then batches take longer than a hand-off
+    assert set(threads[2:]) == {"inferchain-worker-m#0"} and len(threads) == 10
+
+
+def test_a_stream_yields_to_work_that_arrives_meanwhile(mlp_path: Path) -> None:
+    xs = np.random.default_rng(7).standard_normal((400, 64)).astype(np.float32)
+    (expected,) = ort.InferenceSession(str(mlp_path)).run(None, {"x": xs})
+    oi, _ = faulty(mlp(mlp_path, max_queue_delay_ms=0))
+    with oi:
+        other: list[ic.Request] = []
+        for i, out in enumerate(oi.map("m", xs, max_in_flight=400)):
+            np.testing.assert_allclose(out["y"], expected[i], rtol=1e-5, atol=1e-6)
+            if i == 0:  # from another thread while the stream's work may still run
+                t = threading.Thread(target=lambda: other.extend(oi.submit_many("m", xs[:8])))
+                t.start()
+                t.join()
+        assert oi.wait_all(timeout=10)
+    assert [r.state for r in other] == [S.DONE] * 8
+    for r, want in zip(other, expected[:8], strict=True):
+        np.testing.assert_allclose(r.outputs["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_cancel_all_stops_a_stream_running_on_the_callers_thread(mlp_path: Path) -> None:
+    xs = np.ones((100_000, 64), np.float32)  # 25,000 short batches, in four works
+    oi, backend = faulty(mlp(mlp_path))
+    with oi:
+        timer = threading.Timer(0.05, oi.cancel_all)
+        timer.start()
+        results = list(oi.map("m", xs, max_in_flight=100_000, on_error="return"))
+        timer.join()
+        assert oi.wait_all(timeout=10)
+        assert oi.infer("m", X)["y"].shape == (10,)
+    assert len(results) == 100_000
+    cancelled = np.flatnonzero([isinstance(r, ic.RequestCancelled) for r in results])
+    assert len(cancelled) > 0  # the rest of the work running then; later works still ran
+    assert (np.diff(cancelled) == 1).all() and (cancelled[-1] + 1) % 25_000 == 0
+    assert backend.counts["run"] == (100_000 - len(cancelled)) // 4 + 1  # those never ran

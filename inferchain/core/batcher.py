@@ -38,6 +38,7 @@ class ModelBatcher:
             group = self.groups[key] = deque()
             self._rows[key] = 0
         group.append(work)
+        work.held = True
         left = work.rows - work.taken
         self._rows[key] += left
         self.num_ready += left
@@ -80,6 +81,7 @@ class ModelBatcher:
                     work.state = _RUNNING
             if work.taken >= work.rows:
                 group.popleft()
+                work.held = False
         self.num_ready -= consumed
         if group:
             self._rows[key] -= consumed
@@ -89,9 +91,8 @@ class ModelBatcher:
 
     def forget(self, work: Work, rows: int) -> None:
         """The engine dropped `rows` untaken rows of `work` (cancelled or timed out)."""
-        key = work.shape_key
-        if key in self._rows:
-            self._rows[key] -= rows
+        if work.held:
+            self._rows[work.shape_key] -= rows
             self.num_ready -= rows
 
     def _take_requests(self, work: Work, slices: list[Slice], rows: int) -> int:
@@ -117,6 +118,8 @@ class ModelBatcher:
     def drain(self) -> list[Work]:
         """Every work still held (rows not yet taken), removed from the batcher."""
         works = [w for group in self.groups.values() for w in group]
+        for w in works:
+            w.held = False
         self.groups.clear()
         self._rows.clear()
         self.num_ready = 0

@@ -48,6 +48,7 @@ S = RequestState
 _FAILED_KEPT = 65536  # failed requests remembered for depends_on by id
 QUEUE_S = 0.002  # seconds of batches a one-stream worker may hold at once ...
 QUEUE_MAX = 32  # ... up to this many batches
+INLINE_S = 0.0005  # streams run on the caller's thread when a model's batches are shorter
 
 
 class _Model:
@@ -126,6 +127,7 @@ class ExecutionEngine:
         self.live: dict[int, Request] = {}  # requests not yet terminal, by id
         self.failed: dict[int, Request] = {}  # the latest that ended without outputs
         self._callbacks = CallbackThread()
+        self._inlined: set[Work] = set()  # works running on a caller's thread (run_now)
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="inferchain-engine", daemon=True)
 
@@ -148,6 +150,8 @@ class ExecutionEngine:
     def close(self) -> None:
         """Stop every worker (each finishes its queue), deliver their last results, then
         stop the loop and the callback thread. Joins every thread it started."""
+        with self._drained:  # a caller's thread may be running a batch on a session
+            self._drained.wait_for(lambda: not self._inlined)
         workers = [w for m in self._models.values() for w in m.workers]
         for w in workers:
             w.stop()
@@ -206,11 +210,16 @@ class ExecutionEngine:
         self._cancelled.append(item)
         self.wake()
 
-    def run_now(self, work: Work) -> bool:
-        """Run `work` at once on the calling thread when its model is idle (nothing waiting
-        or ready, a worker with nothing in flight) and its sessions may run on any thread.
-        True when it ran (the work has settled); False and no change otherwise."""
-        if not self._inline:
+    def run_now(self, work: Work, short_only: bool = False) -> bool:
+        """Run `work` here on the calling thread, batch by batch, while its model is idle
+        (nothing waiting or ready, a worker with nothing in flight) and its sessions may
+        run on any thread; with `short_only`, only where the model's batches are shorter
+        than a thread hand-off is worth (`INLINE_S`). As soon as other work for the model
+        arrives, the rows left go to the loop like any admitted work.
+
+        False: nothing was done (submit the work). True: it has settled, or its waiter is
+        armed and the loop finishes it (`work.wait()`)."""
+        if not self._inline or work.requests is not None:
             return False
         model = self._models[work.model]
         assert self._scheduler is not None
@@ -218,39 +227,77 @@ class ExecutionEngine:
             if self._submitted or model.batcher.num_ready:
                 return False
             worker = model.idle_worker()
-            if worker is None or not self._scheduler.admit_now(work):
+            if worker is None or (short_only and model.batch_s[worker.index] > INLINE_S):
                 return False
-            now = time.perf_counter()
-            work.admitted = now
-            work.taken = work.rows
+            if not self._scheduler.admit_now(work):
+                return False
+            work.admitted = time.perf_counter()
             work.state = S.RUNNING
-            stream = model.take_stream(worker)
-            batch = Batch(
-                work.model,
-                worker.index,
-                stream,
-                (Slice(work, 0, work.rows, 0),),
-                work.rows,
-                work.shape_key,
-                now,
-            )
-        self._register(work)
+            self._register(work)
+            self._inlined.add(work)
+        try:
+            pending = self._run_here(work, model, worker, short_only)
+        finally:
+            with self._lock:
+                self._inlined.discard(work)
+            with self._drained:
+                self._drained.notify_all()  # close() waits for no run on a caller's thread
+        if pending:  # e.g. a dependent it unblocked, or work that arrived meanwhile
+            self.wake()
+        return True
+
+    def _run_here(self, work: Work, model: _Model, worker: ModelWorker, short_only: bool) -> bool:
+        """run_now's batches; True when the loop has something to do after it."""
+        assert self._scheduler is not None
+        step = model.batcher.max_rows if work.batched else work.rows
+        while True:
+            start = work.taken
+            rows = min(step, work.rows - start)
+            with self._lock:
+                work.taken = start + rows
+                batch = Batch(
+                    work.model,
+                    worker.index,
+                    model.take_stream(worker),
+                    (Slice(work, start, start + rows, 0),),
+                    rows,
+                    work.shape_key,
+                    time.perf_counter(),
+                )
+            self._run_inline(worker, batch)
+            with self._lock:
+                if work.cancelled and not work.done:
+                    cancelled = RequestCancelled(f"work {work.id} ({work.model}) was cancelled")
+                    self._drop_rows(work, cancelled, S.CANCELLED)
+                if work.done:
+                    pending = bool(self._submitted or self._posted or self._cancelled)
+                    return pending or self._scheduler.has_news or model.batcher.num_ready > 0
+                if (
+                    self._submitted
+                    or model.batcher.num_ready
+                    or not (worker.healthy and model.idle(worker))
+                    or (short_only and model.batch_s[worker.index] > INLINE_S)
+                ):  # the loop takes over: the rows left join the batcher
+                    work.arm()
+                    model.batcher.add(work)
+                    return True
+
+    def _run_inline(self, worker: ModelWorker, batch: Batch) -> None:
         try:
             result = worker.run_inline(batch)
         except BaseException as e:  # e.g. KeyboardInterrupt: end the work, then re-raise
             end = time.perf_counter()
-            timing = BatchTiming(work.model, worker.name, work.rows, work.shape_key, False,
-                                 now, now, end, end)  # fmt: skip
+            t = batch.dispatched
+            timing = BatchTiming(batch.model, worker.name, batch.rows, batch.shape_key, False,
+                                 t, t, end, end)  # fmt: skip
             with self._lock:
                 self._on_result(BatchResult(batch, None, e, timing))
+                work = batch.slices[0].work
+                interrupted = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
+                self._drop_rows(work, interrupted, S.CANCELLED)
             raise
         with self._lock:
             self._on_result(result)
-            pending = bool(self._submitted or self._posted or self._cancelled)
-            pending = pending or self._scheduler.has_news or model.batcher.num_ready > 0
-        if pending:  # e.g. a dependent it unblocked, or work that arrived meanwhile
-            self.wake()
-        return True
 
     def cancel_all(self) -> int:
         """Cancel every request and work not yet running; returns how many requests."""
@@ -260,6 +307,7 @@ class ExecutionEngine:
             for m in self._models.values():
                 works.extend(w for g in m.batcher.groups.values() for w in g)
             works.extend(self._waiting_works())
+            works.extend(self._inlined)
         for work in works:
             if work.requests is None:
                 work.cancel()
@@ -355,7 +403,7 @@ class ExecutionEngine:
             state = "dead" if all(w.dead for w in model.workers) else "unhealthy"
             error = BackendError(f"every worker of model {model.name!r} is {state}")
             for work in model.batcher.drain():
-                self._drop_rows(work, error, S.ERROR, forget=False)
+                self._drop_rows(work, error, S.ERROR)
             return float("inf")
         room = {w.index: model.capacity(w) - model.in_flight[w.index] for w in healthy}
         if not any(n > 0 for n in room.values()):
@@ -486,16 +534,14 @@ class ExecutionEngine:
             cancelled = RequestCancelled(f"work {item.id} ({item.model}) was cancelled")
             self._drop_rows(item, cancelled, S.CANCELLED)
 
-    def _drop_rows(
-        self, work: Work, error: BaseException, state: RequestState, forget: bool = True
-    ) -> None:
+    def _drop_rows(self, work: Work, error: BaseException, state: RequestState) -> None:
         """End the rows of `work` that were not taken into a batch."""
         if work.done:
             return
         untaken = work.rows - work.taken
         if untaken <= 0:
             return
-        if forget and work.state in (S.READY, S.RUNNING):
+        if work.held:
             self._models[work.model].batcher.forget(work, untaken)
         start = work.taken
         work.taken = work.rows
@@ -518,7 +564,8 @@ class ExecutionEngine:
         else:
             untaken = work.rows - work.taken
             if untaken > 0:  # e.g. its last rows' requests were cancelled while READY
-                self._models[work.model].batcher.forget(work, untaken)
+                if work.held:
+                    self._models[work.model].batcher.forget(work, untaken)
                 work.taken = work.rows
             self._scheduler.release(work)
         work.finish()

@@ -34,6 +34,7 @@ class Work:
         "deadline",
         "depends_on",
         "exact",
+        "held",
         "id",
         "inputs",
         "listener",
@@ -91,6 +92,7 @@ class Work:
         self.admitted: float | None = None  # perf_counter when the Scheduler admitted it
         self.state = RequestState.WAITING  # of the work as a whole; terminal once settled
         self.taken = 0  # rows handed to batches (or dropped), in row order
+        self.held = False  # a ModelBatcher holds it (rows not yet taken into batches)
         self.settled = 0  # rows that ended (outputs, error, cancelled, timed out)
         self.pieces: list[Piece] = []  # results by row range, for works without requests
         self.cancelled = False  # set by `cancel()` (any thread); rows not taken are dropped

@@ -71,6 +71,7 @@ class FaultyBackend(Backend):
     ) -> None:
         self.name = f"faulty-{inner.name}"
         self.inner = inner
+        self.thread_affine = inner.thread_affine
         self.fail_runs = set(fail_runs)
         self.fail_p = fail_p
         self.kill_runs = set(kill_runs)
@@ -79,6 +80,7 @@ class FaultyBackend(Backend):
         self.slow_runs = set(slow_runs)
         self.run_delay_s = run_delay_s
         self.counts: dict[str, int] = {"load": 0, "run": 0, "close": 0, "failed": 0}
+        self.run_threads: list[str] = []  # the thread each run was called on, in run order
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
@@ -88,7 +90,10 @@ class FaultyBackend(Backend):
             return self.counts[what]
 
     def before_run(self) -> None:
-        n = self.count("run")
+        with self._lock:
+            self.counts["run"] += 1
+            n = self.counts["run"]
+            self.run_threads.append(threading.current_thread().name)
         if n in self.slow_runs:
             time.sleep(self.run_delay_s)
         if n in self.kill_runs:
