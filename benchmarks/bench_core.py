@@ -169,11 +169,12 @@ def idle(seconds: float) -> dict[str, object]:
 
 
 FLOORS = {  # CI gate: half each target ratio, twice each target overhead; B2b misses its
-    # target (0.15-0.2x measured: a 64-row batch of the tiny MLP runs in about 7 us, less
-    # than one thread hand-off here), so its floor is half of what it reaches today
+    # target (about 0.4x measured: a 64-row batch of the tiny MLP runs in about 7 us here,
+    # and the framework's own bookkeeping per batch takes about as long), so its floor is
+    # half of what it reaches today
     "B1": ("min", 0.97 / 2),
     "B2a": ("max", 1.5 * 2),
-    "B2b": ("min", 0.08),
+    "B2b": ("min", 0.2),
     "B2c": ("max", 5.0 * 2),
     "B3": ("max", 60.0 * 2),
     "Idle": ("max", 0.2 * 2),

@@ -154,7 +154,7 @@ class SchedulerConfig(_Schema):
         "drain_timeout_s": float,
     }
     max_queue_size: int = attrs.field(default=10000, validator=_positive)  # WAITING requests
-    interval_ms: float = attrs.field(default=2.0, validator=_positive)  # longest idle sleep
+    interval_ms: float = attrs.field(default=2.0, validator=_positive)  # no effect now
     aging_s: float | None = attrs.field(default=10.0, validator=_positive)  # +1 prio per aging_s
     drain_timeout_s: float = attrs.field(default=30.0, validator=_non_negative)  # close()
 
@@ -363,7 +363,7 @@ def load_recipe(path: str | Path, **overrides: Any) -> Recipe:
     from a `pkg://package/path` to either.
 
     Keyword overrides replace top-level keys (`backend="acl"`); mappings are merged
-    (`scheduler={"interval_ms": 1}`), and `models={"det": {"instances": 2}}` updates models
+    (`scheduler={"aging_s": None}`), and `models={"det": {"instances": 2}}` updates models
     by name.
     """
     source = recipe_file(path)
