@@ -15,6 +15,8 @@ InferchainError
 
 from __future__ import annotations
 
+import concurrent.futures
+
 
 class InferchainError(Exception):
     """Root of every error inferchain raises."""
@@ -61,8 +63,9 @@ class RequestTimeout(RequestError):
     """The request's deadline passed while it was WAITING or READY."""
 
 
-class RequestCancelled(RequestError):
-    """The request was cancelled (by `cancel()`, `cancel_all()` or `close()`)."""
+class RequestCancelled(RequestError, concurrent.futures.CancelledError):
+    """The request was cancelled (by `cancel()`, `cancel_all()` or `close()`); also a
+    `concurrent.futures.CancelledError`, as a cancelled future raises."""
 
 
 class DependencyFailed(RequestError):

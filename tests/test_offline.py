@@ -157,7 +157,7 @@ def test_close_with_requests_in_flight_leaves_all_terminal(
     oi = ic.OfflineInference(mlp_recipe(mlp_path, slots=16)).init()
     reqs = oi.submit_many("mlp", list(np.ones((3000, 64), np.float32)))
     oi.close(drain_timeout=0.0)
-    assert all(r.done for r in reqs)
+    assert all(r.done() for r in reqs)
     states = {r.state for r in reqs}
     assert states <= {S.DONE, S.CANCELLED}
     assert S.CANCELLED in states

@@ -79,7 +79,7 @@ def test_fail_fast_while_unhealthy(mlp_path: Path) -> None:
         oi.wait_all()
         assert oi.infer("m", X)["y"].shape == (10,)  # recovered
     assert doomed.state is S.ERROR
-    assert all(r.done for r in during)
+    assert all(r.done() for r in during)
     assert any("unhealthy" in str(r.error) for r in during if r.state is S.ERROR)
 
 
@@ -88,7 +88,7 @@ def test_a_dying_worker_strands_nothing(mlp_path: Path, no_thread_leak: None) ->
     with oi:
         reqs = oi.submit_many("m", [X] * 200)
         oi.wait_all(timeout=30)
-        assert all(r.done for r in reqs)
+        assert all(r.done() for r in reqs)
         killed = [r for r in reqs if r.state is S.ERROR]
         assert killed and all(
             "died" in str(r.error) or "INJECTED" not in str(r.error) for r in killed
@@ -210,7 +210,7 @@ def test_close_under_load_from_another_thread(mlp_path: Path, no_thread_leak: No
     oi.close(drain_timeout=0.05)
     stop.set()
     t.join(10)
-    assert all(r.done for r in reqs)
+    assert all(r.done() for r in reqs)
     assert {r.state for r in reqs} <= {S.DONE, S.CANCELLED}
 
 
@@ -276,12 +276,12 @@ class SystemMachine(RuleBasedStateMachine):
     @rule()
     def wait(self) -> None:
         assert self.oi.wait_all(timeout=30)
-        assert all(r.done for r, _ in self.submitted.values())
+        assert all(r.done() for r, _ in self.submitted.values())
 
     @invariant()
     def finished_requests_are_consistent(self) -> None:
         for rid, (r, x) in list(self.submitted.items()):
-            if rid in self.checked or not r.done:
+            if rid in self.checked or not r.done():
                 continue
             self.checked.add(rid)
             if r.state is S.DONE:
@@ -297,7 +297,7 @@ class SystemMachine(RuleBasedStateMachine):
         self.oi.close()
         self.finished_requests_are_consistent()
         for rid, (r, _) in self.submitted.items():
-            assert r.done
+            assert r.done()
             assert self.callbacks[rid] == 1, f"request {rid} finished {self.callbacks[rid]} times"
         assert not [t for t in threading.enumerate() if t.name.startswith("inferchain-")]
 
@@ -333,7 +333,7 @@ def test_a_failing_logger_strands_nothing(mlp_path: Path) -> None:
         with oi:
             reqs = oi.submit_many("m", [X] * 10, callback=lambda r: 1 / 0)
             assert oi.wait_all(timeout=20)
-        assert all(r.done for r in reqs)
+        assert all(r.done() for r in reqs)
         states = [r.state for r in reqs]  # failed x4 (re-init after 3), one ran, then died
         assert states.count(S.DONE) == 1 and states.count(S.ERROR) == 9
     finally:

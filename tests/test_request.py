@@ -92,7 +92,7 @@ class RequestMachine(RuleBasedStateMachine):
     def agrees_with_model(self) -> None:
         assert self.request.state is self.model_state
         assert self.hook_calls == (1 if self.model_state.is_terminal else 0)
-        assert self.request.done == self.model_state.is_terminal
+        assert self.request.done() == self.model_state.is_terminal
 
 
 TestRequestMachine = RequestMachine.TestCase

@@ -532,7 +532,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @staticmethod
     def _doomed(w: Work) -> bool:
-        return any(d.done and d.state is not S.DONE for d in w.depends_on)
+        return any(d.done() and d.state is not S.DONE for d in w.depends_on)
 
     @staticmethod
     def _eligible(w: Work) -> bool:
@@ -688,7 +688,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._ended(r)
         w = r.work
         assert isinstance(w, Work) and w.requests is not None
-        if all(x.done for x in w.requests):
+        if all(x.done() for x in w.requests):
             self.scheduler.drop(w)
             w.finish()
             self.fate[w.id] = DROPPED

@@ -17,7 +17,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-import structlog
 
 from inferchain.backends.acl_api import (
     ACL_DTYPES,
@@ -35,9 +34,10 @@ from inferchain.backends.acl_buffers import BufferSet, Launched, Slot, make_sets
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
 from inferchain.errors import BackendError
+from inferchain.logs import get_logger
 from inferchain.tensors import TensorDesc
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_STREAMS = 2  # buffer sets per session when the recipe does not say
 STAGES = (

@@ -10,18 +10,22 @@ request that ends.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from inferchain.errors import InvalidTransition, RequestCancelled
+from inferchain.logs import get_logger, log_safely
 
 if TYPE_CHECKING:
     from inferchain.core.work import Work
+
+log = get_logger(__name__)
 
 Outputs = dict[str, np.ndarray]
 Callback = Callable[["Request"], object]
@@ -67,12 +71,13 @@ class Request:
 
     __slots__ = (
         "__weakref__",
+        "_fwaiters",
         "_inputs",
         "_listeners",
         "_lock",
         "_on_cancel",
+        "_phase",
         "_stamps",
-        "_state",
         "_waiter",
         "callback",
         "deadline",
@@ -99,7 +104,7 @@ class Request:
         on_cancel: Callable[[Request], None] | None = None,
         work: Work | None = None,
         row: int = 0,
-        lock: threading.Lock | None = None,
+        lock: threading.RLock | None = None,
         created: float | None = None,
     ) -> None:
         """`inputs`: one array per model input; None = row `row` of `work`'s inputs. `lock`
@@ -113,22 +118,23 @@ class Request:
         self.callback = callback  # called with the request once terminal (callback thread)
         self.outputs: Outputs | None = None  # name -> array, once DONE
         self.error: BaseException | None = None  # once ERROR / CANCELLED / TIMED_OUT
-        self._lock = threading.Lock() if lock is None else lock
-        self._state = RequestState.WAITING
+        self._lock = threading.RLock() if lock is None else lock
+        self._phase = RequestState.WAITING
         created = time.perf_counter() if created is None else created
         self._stamps: list[float | None] = [created, None, None, None, None, None, None]
         self._waiter: threading.Lock | None = None  # held until terminal; see wait()
         self._listeners: list[Callable[[Request], None]] | None = None
+        self._fwaiters: list[Any] | None = None  # concurrent.futures.wait() waiters
         self._on_cancel = on_cancel  # tells the engine of a cancel() made on another thread
         self.work = work  # the Work that carries this item
         self.row = row  # this item's row in that Work
 
     def __repr__(self) -> str:
-        return f"<Request {self.id} {self.model} {self._state.name}>"
+        return f"<Request {self.id} {self.model} {self._phase.name}>"
 
     @property
     def state(self) -> RequestState:
-        return self._state
+        return self._phase
 
     @property
     def inputs(self) -> tuple[np.ndarray, ...]:
@@ -136,14 +142,21 @@ class Request:
         if self._inputs is not None:
             return self._inputs
         work = self.work
-        if work is None or self._state >= RequestState.DONE or not work.inputs:
+        if work is None or self._phase >= RequestState.DONE or not work.inputs:
             return ()
         return tuple(a[self.row] for a in work.inputs) if work.batched else work.inputs
 
-    @property
     def done(self) -> bool:
-        """True once the request is in a terminal state."""
-        return self._state >= RequestState.DONE
+        """True once the request is in a terminal state (as `Future.done()`)."""
+        return self._phase >= RequestState.DONE
+
+    def running(self) -> bool:
+        """True while its batch runs (as `Future.running()`)."""
+        return self._phase is RequestState.RUNNING
+
+    def cancelled(self) -> bool:
+        """True if it ended CANCELLED (as `Future.cancelled()`)."""
+        return self._phase is RequestState.CANCELLED
 
     @property
     def timings(self) -> dict[str, float]:
@@ -166,7 +179,7 @@ class Request:
         """Move to `to`; raise `InvalidTransition` if the table forbids it."""
         if not self._move(to, outputs, error):
             raise InvalidTransition(
-                f"request {self.id} ({self.model}): {self._state.name} -> {to.name} is not allowed"
+                f"request {self.id} ({self.model}): {self._phase.name} -> {to.name} is not allowed"
             )
 
     def try_transition(
@@ -181,9 +194,9 @@ class Request:
 
     def _move(self, to: RequestState, outputs: Outputs | None, error: BaseException | None) -> bool:
         with self._lock:
-            if to not in _ALLOWED[self._state]:
+            if to not in _ALLOWED[self._phase]:
                 return False
-            self._state = to
+            self._phase = to
             self._stamps[to] = time.perf_counter()
             if to < RequestState.DONE:
                 return True
@@ -192,6 +205,8 @@ class Request:
             self._inputs = ()  # free the item's memory as soon as it is finished
             if self._waiter is not None:
                 self._waiter.release()
+            if self._fwaiters:
+                self._notify_waiters()
             listeners, self._listeners = self._listeners, None
         if listeners:
             for fn in listeners:
@@ -204,7 +219,7 @@ class Request:
         `fn` runs on the thread that finished the request and must not block.
         """
         with self._lock:
-            if self._state < RequestState.DONE:
+            if self._phase < RequestState.DONE:
                 if self._listeners is None:
                     self._listeners = []
                 self._listeners.append(fn)
@@ -230,7 +245,7 @@ class Request:
         hand-off, much faster to wake than `threading.Event`); each waiter passes it on.
         """
         with self._lock:
-            if self._state >= RequestState.DONE:
+            if self._phase >= RequestState.DONE:
                 return True
             if self._waiter is None:
                 self._waiter = threading.Lock()
@@ -248,18 +263,109 @@ class Request:
         """
         if not self.wait(timeout):
             raise TimeoutError(f"request {self.id} ({self.model}) not finished after {timeout}s")
-        if self._state is RequestState.DONE:
+        if self._phase is RequestState.DONE:
             assert self.outputs is not None
             return self.outputs
         assert self.error is not None
         raise self.error
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The error it ended with, None once DONE (as `Future.exception()`): raises
+        `TimeoutError` if not finished in time, and its `RequestCancelled` (a
+        `concurrent.futures.CancelledError`) if it was cancelled."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"request {self.id} ({self.model}) not finished after {timeout}s")
+        if self._phase is RequestState.CANCELLED:
+            assert self.error is not None
+            raise self.error
+        return self.error
+
+    def add_done_callback(self, fn: Callable[[Request], object]) -> None:
+        """Call `fn(request)` once it is terminal, at once if it already is (as
+        `Future.add_done_callback`). `fn` runs on the thread that finished the request (the
+        engine's, usually): keep it short, and use `callback=` at submit for real work. An
+        exception from `fn` is logged and ignored."""
+
+        def call(request: Request) -> None:
+            try:
+                fn(request)
+            except Exception:
+                log_safely(log.exception, "done_callback_failed", request=request.id)
+
+        self.add_done_listener(call)
+
+    def __await__(self) -> Generator[Any, None, Outputs]:
+        """`await request`: its outputs, or raise its error (from any asyncio task; a
+        cancelled task cancels the request where it has not started running)."""
+        return self._awaited().__await__()
+
+    async def _awaited(self) -> Outputs:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outputs] = loop.create_future()
+
+        def settle(request: Request) -> None:
+            if future.done():
+                return
+            if request._phase is RequestState.DONE:
+                assert request.outputs is not None
+                future.set_result(request.outputs)
+            else:
+                assert request.error is not None
+                future.set_exception(request.error)
+
+        def wake(request: Request) -> None:
+            with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, request)
+
+        self.add_done_listener(wake)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+
+    # -- concurrent.futures.wait() / as_completed() ---------------------------------------
+    # They read `_state` and `_waiters` under `_condition`, and expect every waiter to be
+    # told when the future finishes, under that lock: the terminal transition does it.
+
+    @property
+    def _condition(self) -> threading.RLock:
+        return self._lock
+
+    @property
+    def _state(self) -> str:
+        phase = self._phase
+        if phase is RequestState.CANCELLED:
+            return "CANCELLED_AND_NOTIFIED"
+        if phase >= RequestState.DONE:
+            return "FINISHED"
+        return "RUNNING" if phase is RequestState.RUNNING else "PENDING"
+
+    @property
+    def _waiters(self) -> list[Any]:
+        if self._fwaiters is None:
+            self._fwaiters = []
+        return self._fwaiters
+
+    def _notify_waiters(self) -> None:
+        """Tell concurrent.futures waiters this request finished (under its lock)."""
+        assert self._fwaiters is not None
+        for waiter in self._fwaiters:
+            if self._phase is RequestState.DONE:
+                waiter.add_result(self)
+            elif self._phase is RequestState.CANCELLED:
+                waiter.add_cancelled(self)
+            else:
+                waiter.add_exception(self)
 
 
 # -- many requests of one Work at once (the engine's hot path) --------------------------
 
 
 def advance(
-    requests: Iterable[Request], to: RequestState, lock: threading.Lock, now: float
+    requests: Iterable[Request], to: RequestState, lock: threading.RLock, now: float
 ) -> list[int]:
     """Move each of `requests` to the non-terminal state `to` where the table allows it,
     all under `lock` (the one their Work's requests share), stamped `now`. Returns the
@@ -268,8 +374,8 @@ def advance(
     stuck: list[int] = []
     with lock:
         for i, r in enumerate(requests):
-            if to in _ALLOWED[r._state]:
-                r._state = to
+            if to in _ALLOWED[r._phase]:
+                r._phase = to
                 r._stamps[to] = now
             else:
                 stuck.append(i)
@@ -279,7 +385,7 @@ def advance(
 def conclude(
     requests: Sequence[Request],
     to: RequestState,
-    lock: threading.Lock,
+    lock: threading.RLock,
     outputs: Iterable[Outputs] | None = None,
     error: BaseException | None = None,
 ) -> list[Request]:
@@ -292,13 +398,15 @@ def conclude(
     rows: Iterable[Outputs | None] = outputs if outputs is not None else (None for _ in requests)
     with lock:
         for r, out in zip(requests, rows, strict=True):
-            if to not in _ALLOWED[r._state]:
+            if to not in _ALLOWED[r._phase]:
                 continue
-            r._state = to
+            r._phase = to
             r._stamps[to] = now
             r.outputs = out
             r.error = error
             r._inputs = ()
+            if r._fwaiters:
+                r._notify_waiters()
             ended.append(r)
     for r in ended:
         if r._waiter is not None:

@@ -80,7 +80,7 @@ class Scheduler:
             heapq.heappush(self._deadlines, (work.deadline, work.id, work))
         pending = 0
         for dep in work.depends_on:
-            if not dep.done:
+            if not dep.done():
                 self._blocked.setdefault(dep.id, []).append(work)
                 pending += 1
             elif dep.state is not RequestState.DONE:

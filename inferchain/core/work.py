@@ -87,7 +87,7 @@ class Work:
         self.deadline = deadline  # perf_counter seconds before which rows must start; or None
         self.depends_on = depends_on  # requests that must end DONE before any row runs
         self.requests = requests  # one per row where the caller asked for Request objects
-        self.lock = threading.Lock()  # shared by those requests: their transitions batch
+        self.lock = threading.RLock()  # shared by those requests: their transitions batch
         self.submitted = submitted  # perf_counter at submit
         self.admitted: float | None = None  # perf_counter when the Scheduler admitted it
         self.state = RequestState.WAITING  # of the work as a whole; terminal once settled
