@@ -49,6 +49,7 @@ class Work:
         "rows",
         "settled",
         "shape_key",
+        "slot",
         "state",
         "submitted",
         "taken",
@@ -93,6 +94,7 @@ class Work:
         self.state = RequestState.WAITING  # of the work as a whole; terminal once settled
         self.taken = 0  # rows handed to batches (or dropped), in row order
         self.held = False  # a ModelBatcher holds it (rows not yet taken into batches)
+        self.slot: int | None = None  # a sequence step: its StatePool slot (one row)
         self.settled = 0  # rows that ended (outputs, error, cancelled, timed out)
         self.pieces: list[Piece] = []  # results by row range, for works without requests
         self.cancelled = False  # set by `cancel()` (any thread); rows not taken are dropped
