@@ -34,7 +34,7 @@ typecheck: $(STAMP_DEV)
 pytest: $(STAMP_DEV)
 	$(BIN)/python -m pytest -q
 
-BENCHMARKS := bench_core bench_memory bench_startup bench_ocr bench_ray
+BENCHMARKS := bench_core bench_memory bench_startup bench_ocr bench_ray bench_vad bench_romanize
 
 bench: $(STAMP_DEV)
 	for b in $(BENCHMARKS); do $(BIN)/python benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-QUICK = ["bench_core", "bench_memory", "bench_startup", "bench_ocr"]
+QUICK = ["bench_core", "bench_memory", "bench_startup", "bench_ocr", "bench_vad", "bench_romanize"]
 
 
 @pytest.mark.parametrize("name", QUICK)
