@@ -23,6 +23,7 @@ from inferchain.errors import (
 from inferchain.metrics import Stats
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline
+from inferchain.sequence import LiveSequence
 from inferchain.tensors import ModelInfo, TensorDesc
 
 __version__ = "0.1.0"
@@ -36,6 +37,7 @@ __all__ = [
     "InferchainError",
     "InvalidInput",
     "InvalidTransition",
+    "LiveSequence",
     "ModelConfig",
     "ModelInfo",
     "OfflineInference",

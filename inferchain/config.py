@@ -88,6 +88,12 @@ def _non_negative(_: object, attribute: attrs.Attribute[Any], value: float | Non
         raise ValueError(f"{attribute.name} must be >= 0, got {value}")
 
 
+def _names_to_names(_: object, attribute: attrs.Attribute[Any], value: dict[str, Any]) -> None:
+    bad = {k: v for k, v in value.items() if not (isinstance(k, str) and isinstance(v, str))}
+    if bad:
+        raise ValueError(f"{attribute.name} must map output names to input names, got {bad}")
+
+
 def _one_of(*options: str) -> Any:
     def check(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
         if value not in options:
@@ -179,6 +185,9 @@ class ModelConfig(_Schema):
         "session_options": (SessionOptions, None),
         "health": HealthConfig,
         "nonfinite": str,
+        "state": dict,
+        "state_init": str,
+        "max_sequences": int,
         "params": dict,
     }
     name: str
@@ -198,6 +207,10 @@ class ModelConfig(_Schema):
     session_options: SessionOptions | None = None  # overrides the recipe's
     health: HealthConfig = attrs.field(factory=HealthConfig)
     nonfinite: str = attrs.field(default="allow", validator=_one_of("allow", "reject"))  # NaN/inf
+    # a stateful model: output -> input carried from one step of a sequence to the next
+    state: dict[str, str] = attrs.field(factory=dict, validator=_names_to_names)
+    state_init: str = attrs.field(default="zeros", validator=_one_of("zeros"))  # at open
+    max_sequences: int = attrs.field(default=64, validator=_positive)  # live = state slots
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
 
     @property

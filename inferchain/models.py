@@ -8,7 +8,9 @@ import attrs
 
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
+from inferchain.core.sequences import StatePool
 from inferchain.core.worker import ModelWorker, Outbox
+from inferchain.errors import ConfigError
 from inferchain.inputs import InputSpec
 from inferchain.memory import MemoryPlan, plan
 from inferchain.shapes import ShapePolicy
@@ -25,6 +27,7 @@ class LoadedModel:
     shapes: ShapePolicy  # which batch an item joins
     info: ModelInfo  # inputs, outputs, metadata
     memory: MemoryPlan  # its row of the memory budget table
+    pool: StatePool | None = None  # a stateful model's sequence slots (recipe `state:`)
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -43,6 +46,10 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
         for w in all_workers(workers.values()):
             w.start()
         models = {m.name: _describe(m, workers[m.name]) for m in recipe.models}
+        for model in models.values():
+            model.pool = state_pool(model, recipe)
+            for w in model.workers:
+                w.pool = model.pool
         for model in models.values():  # warm-up runs on every worker thread at once
             for w in model.workers:
                 w.prepare(model.shapes, warm=model.config.warmup)
@@ -85,6 +92,36 @@ def _describe(model: ModelConfig, workers: list[ModelWorker]) -> LoadedModel:
         info=info,
         memory=memory,
     )
+
+
+def state_pool(model: LoadedModel, recipe: Recipe) -> StatePool | None:
+    """The slots of a model with `state:` pairs, checked against the loaded model."""
+    config = model.config
+    if not config.state:
+        return None
+    where = f"{recipe.source}: model {config.name!r} key 'state'"
+    outputs = model.output_names
+    spec = model.spec
+    carried = []
+    for out, name in config.state.items():
+        if out not in outputs:
+            raise ConfigError(
+                f"{where}: {out!r} is not an output of the model (outputs: {list(outputs)})"
+            )
+        if name not in spec.names:
+            raise ConfigError(
+                f"{where}: {name!r} is not an input of the model (inputs: {list(spec.names)})"
+            )
+        i = spec.names.index(name)
+        if None in spec.shapes[i]:
+            raise ConfigError(
+                f"{where}: input {name!r} has a dynamic item shape {spec.shapes[i]}; a carried "
+                "state needs a fixed one"
+            )
+        carried.append((outputs.index(out), i, name))
+    shapes = [tuple(int(d) for d in spec.shapes[i]) for _, i, _ in carried]  # type: ignore[arg-type]
+    dtypes = [spec.dtypes[i] for _, i, _ in carried]
+    return StatePool(config.name, carried, shapes, dtypes, config.max_sequences)
 
 
 def all_workers(groups: Iterable[list[ModelWorker]]) -> list[ModelWorker]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, overload
@@ -29,6 +29,7 @@ from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
 from inferchain.models import LoadedModel, load_models
 from inferchain.pipeline import Pipeline, PipelineDriver, load_pipeline
+from inferchain.sequence import LiveSequence
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
 from inferchain.window import in_flight
@@ -209,6 +210,48 @@ class OfflineInference:
                         r.try_transition(RequestState.CANCELLED)
                 raise
         return requests
+
+    def sequence(
+        self,
+        model: str,
+        *,
+        state: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> LiveSequence:
+        """Open a sequence of the stateful `model` (recipe key `state:`): a slot of its
+        carried state, zeros or `state` (carried input name -> item array). Waits up to
+        `timeout` seconds for a free slot (`max_sequences` are live at most), then raises
+        `QueueFull`. Use it as a context manager; see `inferchain.sequence`."""
+        self._running_engine()
+        loaded = self._model(model)
+        pool = loaded.pool
+        if pool is None:
+            raise ConfigError(
+                f"{self.recipe.source}: model {model!r} carries no state between steps "
+                "(recipe key `state:`, e.g. {stateN: state}); submit() its items instead"
+            )
+        unknown = sorted(set(state or ()) - set(pool.inputs))
+        if unknown:
+            raise InvalidInput(
+                f"model {model!r}: {unknown} are not carried inputs (carried: {list(pool.inputs)})"
+            )
+        slot = pool.acquire(dict(state or {}), timeout)
+        return LiveSequence(
+            model, pool, slot, lambda inputs, at, options: self._step(model, inputs, at, options)
+        )
+
+    def _step(
+        self, model: str, inputs: dict[str, Any], slot: int, options: dict[str, Any]
+    ) -> Request:
+        """Submit one step of the sequence in `slot`: a one-row Work reading its state."""
+        unknown = sorted(set(options) - {"priority", "timeout", "callback"})
+        if unknown:
+            raise TypeError(f"step() got unexpected options {unknown}")
+        (work,) = self._works(model, (inputs,), per_item=True, **options)
+        work.slot = slot
+        self._running_engine().submit(work)
+        assert work.requests is not None
+        return work.requests[0]
 
     def infer(self, model: str, inputs: Any, timeout: float | None = None) -> Outputs:
         """Run one item and wait: its outputs, or raise its error.

@@ -23,7 +23,7 @@ from inferchain.errors import Closed, InvalidInput, RequestError
 SubmitStep = Callable[[dict[str, Any], int, dict[str, Any]], Request]
 
 
-class Sequence:
+class LiveSequence:
     """One sequence of `model`: its slot, and its steps in order (one at a time)."""
 
     def __init__(self, model: str, pool: StatePool, slot: int, submit: SubmitStep) -> None:
@@ -36,7 +36,7 @@ class Sequence:
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<Sequence {self.model} slot={self.slot} steps={self.steps}>"
+        return f"<LiveSequence {self.model} slot={self.slot} steps={self.steps}>"
 
     def step(self, inputs: Mapping[str, Any], **options: Any) -> Request:
         """Submit the next step (`inputs`: name -> array for the inputs that are not
@@ -88,7 +88,7 @@ class Sequence:
         else:
             self._last.add_done_listener(lambda _: pool.release(slot))
 
-    def __enter__(self) -> Sequence:
+    def __enter__(self) -> LiveSequence:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -22,6 +22,7 @@ from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig
 from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
+from inferchain.core.sequences import StatePool
 from inferchain.errors import BackendError, ConfigError, InferchainError
 from inferchain.logs import get_logger, log_safely
 from inferchain.shapes import ShapePolicy
@@ -73,6 +74,7 @@ class ModelWorker:
         self.consecutive_failures = 0
         self.session: Session | None = None
         self.shapes: ShapePolicy | None = None  # set by prepare(), before the first batch
+        self.pool: StatePool | None = None  # a stateful model's slots: carried outputs go there
         self._backend = backend
         self._device = device
         self._outbox = outbox
@@ -239,6 +241,8 @@ class ModelWorker:
             try:
                 assert self.session is not None
                 outputs = self._outputs(self.session.collect(batch.stream), batch.rows)
+                if self.pool is not None:
+                    self.pool.write_back(batch, outputs)
             except Exception as e:
                 error = e
             except BaseException as e:

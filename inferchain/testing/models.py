@@ -178,6 +178,26 @@ def write_image_model(path: str | Path, *, channels: int = 3, batch: int | None 
     return out
 
 
+def write_accumulator(path: str | Path, *, width: int = 4) -> Path:
+    """A stateful model for sequence tests: its state is the running sum of its inputs.
+
+    Inputs ``x`` and ``state`` float32 [N, width]. Outputs ``total`` = x + state and
+    ``stateN`` (the same values, carried to the next step as ``state``).
+    """
+    f32 = np.dtype(np.float32)
+    nodes = [_node("Add", ["x", "state"], ["total"]), _node("Identity", ["total"], ["stateN"])]
+    data = _model(
+        nodes,
+        [],
+        [_value_info("x", f32, ["N", width]), _value_info("state", f32, ["N", width])],
+        [_value_info("total", f32, ["N", width]), _value_info("stateN", f32, ["N", width])],
+        "accumulator",
+    )
+    out = Path(path)
+    out.write_bytes(data)
+    return out
+
+
 def write_mlp64(
     path: str | Path,
     *,
