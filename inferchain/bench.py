@@ -26,6 +26,7 @@ import numpy as np
 from inferchain.config import Recipe
 from inferchain.core.request import Request
 from inferchain.errors import ConfigError
+from inferchain.layout import Axis, Layout, item_shape
 from inferchain.metrics import BatchTiming, Percentiles, Stats
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process, Step
@@ -92,12 +93,13 @@ class BenchReport:
 
 
 def synthetic_shape(
-    desc: TensorDesc, batching: bool, dynamic_dim: int = DYNAMIC_DIM
+    desc: TensorDesc, batching: bool, dynamic_dim: int = DYNAMIC_DIM, axis: Axis = 0
 ) -> tuple[int, ...]:
-    """One item's shape: the model's, without the batch dim when batching; dynamic dims filled
-    (a non-batching model's dynamic leading dim gets 1)."""
+    """One item's shape: the model's, without the batch dim (on `axis`; None: unbatched,
+    all of it) when batching; dynamic dims filled (a non-batching model's dynamic leading
+    dim gets 1)."""
     if batching:
-        dims = list(desc.item_shape())
+        dims = list(item_shape(desc.shape, axis))
     else:
         dims = list(desc.shape)
         if dims and dims[0] is None:
@@ -120,12 +122,21 @@ def random_array(
 
 
 def synthetic_items(
-    info: ModelInfo, count: int = POOL, *, dynamic_dim: int = DYNAMIC_DIM, seed: int = 0
+    info: ModelInfo,
+    count: int = POOL,
+    *,
+    dynamic_dim: int = DYNAMIC_DIM,
+    seed: int = 0,
+    layout: Layout | None = None,
 ) -> list[tuple[np.ndarray, ...]]:
-    """`count` distinct random items for the model described by `info`."""
+    """`count` distinct random items for the model described by `info`, whose inputs hold
+    their rows where `layout` says (default: axis 0)."""
     rng = np.random.default_rng(seed)
     batching = info.max_batch_size > 0
-    shapes = [synthetic_shape(t, batching, dynamic_dim) for t in info.inputs]
+    axes = (layout or Layout.plain(len(info.inputs), 0)).inputs
+    shapes = [
+        synthetic_shape(t, batching, dynamic_dim, a) for t, a in zip(info.inputs, axes, strict=True)
+    ]
     return [
         tuple(random_array(s, t.dtype, rng) for s, t in zip(shapes, info.inputs, strict=True))
         for _ in range(count)
@@ -289,7 +300,12 @@ def bench(
     pools = (
         {}
         if items
-        else {n: synthetic_items(oi.model_info(n), dynamic_dim=dynamic_dim) for n in names}
+        else {
+            n: synthetic_items(
+                oi.model_info(n), dynamic_dim=dynamic_dim, layout=oi.shape_policy(n).layout
+            )
+            for n in names
+        }
     )
     if on_done is not None:
         on_done(0)

@@ -47,9 +47,19 @@ def _tn(value: object) -> str:
     return type(value).__name__
 
 
+@attrs.frozen
+class _NamesTo:
+    """A key's type: a mapping of names (of a model's inputs or outputs) to `schema` records."""
+
+    schema: type[_Schema]
+    what: str  # what the names are, for messages: "input", "output"
+
+
 def _coerce(value: object, spec: object, path: str, source: Path) -> object:
     if isinstance(spec, type) and issubclass(spec, _Schema):
         return spec.from_dict(value, path, source)
+    if isinstance(spec, _NamesTo):
+        return _names_to(value, spec, path, source)
     if isinstance(spec, tuple):  # alternatives, e.g. (float, None)
         if value is None and None in spec:
             return None
@@ -68,8 +78,23 @@ def _coerce(value: object, spec: object, path: str, source: Path) -> object:
     return value
 
 
+def _names_to(value: object, spec: _NamesTo, path: str, source: Path) -> dict[str, Any]:
+    keys = ", ".join(sorted(spec.schema.KEYS))
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{source}: key {path!r} must be a mapping of {spec.what} names to {{{keys}}}, "
+            f"got {_tn(value)} {value!r}"
+        )
+    out = {}
+    for name, entry in value.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"{source}: key {path!r}: {spec.what} name {name!r} is not a string")
+        out[name] = spec.schema.from_dict(entry, f"{path}.{name}", source)
+    return out
+
+
 def _is(value: object, spec: object) -> bool:
-    if isinstance(spec, type) and issubclass(spec, _Schema):
+    if (isinstance(spec, type) and issubclass(spec, _Schema)) or isinstance(spec, _NamesTo):
         return isinstance(value, Mapping)
     if spec is int:
         return isinstance(value, int) and not isinstance(value, bool)
@@ -141,6 +166,36 @@ class ShapesConfig(_Schema):
 
 
 @attrs.frozen
+class InputConfig(_Schema):
+    """Where one model input holds the rows of a batch (recipe key `inputs: {NAME: {...}}`).
+
+    Inside inferchain an item never has the batch dimension: its shape is the model's shape
+    without `batch_axis`. An unbatched input (`batched: false`) takes one value for the whole
+    batch, as the model declares it; rows share a batch only when that value is equal.
+    """
+
+    KEYS: ClassVar[Mapping[str, object]] = {"batch_axis": int, "batched": bool}
+    batch_axis: int = attrs.field(default=0, validator=_non_negative)  # the model's dim of rows
+    batched: bool = True  # False: one value per batch (e.g. a sampling rate), no batch dim
+
+    def __attrs_post_init__(self) -> None:
+        if not self.batched and self.batch_axis != 0:
+            raise ValueError(
+                f"batch_axis {self.batch_axis} given for an input with batched: false "
+                "(an unbatched input has no batch axis)"
+            )
+
+
+@attrs.frozen
+class OutputConfig(_Schema):
+    """Where one model output holds the rows of a batch (recipe key `outputs: {NAME: {...}}`);
+    inferchain moves them to axis 0 before it splits the outputs by row."""
+
+    KEYS: ClassVar[Mapping[str, object]] = {"batch_axis": int}
+    batch_axis: int = attrs.field(default=0, validator=_non_negative)  # the model's dim of rows
+
+
+@attrs.frozen
 class HealthConfig(_Schema):
     """When a worker counts as unhealthy, and what its model's requests do meanwhile."""
 
@@ -185,6 +240,8 @@ class ModelConfig(_Schema):
         "session_options": (SessionOptions, None),
         "health": HealthConfig,
         "nonfinite": str,
+        "inputs": _NamesTo(InputConfig, "input"),
+        "outputs": _NamesTo(OutputConfig, "output"),
         "state": dict,
         "state_init": str,
         "max_sequences": int,
@@ -207,6 +264,10 @@ class ModelConfig(_Schema):
     session_options: SessionOptions | None = None  # overrides the recipe's
     health: HealthConfig = attrs.field(factory=HealthConfig)
     nonfinite: str = attrs.field(default="allow", validator=_one_of("allow", "reject"))  # NaN/inf
+    # batch axis or unbatched, by input / output name; names not given: rows on axis 0. The
+    # names are checked against the loaded model (`inferchain.layout.Layout.of`).
+    inputs: Mapping[str, InputConfig] = attrs.field(factory=dict)
+    outputs: Mapping[str, OutputConfig] = attrs.field(factory=dict)
     # a stateful model: output -> input carried from one step of a sequence to the next
     state: dict[str, str] = attrs.field(factory=dict, validator=_names_to_names)
     state_init: str = attrs.field(default="zeros", validator=_one_of("zeros"))  # at open
@@ -282,6 +343,8 @@ class Recipe(_Schema):
             )
             for i, m in enumerate(models)
         ]
+        for i, m in enumerate(raw["models"]):
+            _check_layout_backend(m, backend, source, i)
         names = [m.name for m in raw["models"]]
         if len(set(names)) != len(names):
             raise ConfigError(f"{source}: model names must be unique, got {names}")
@@ -313,6 +376,20 @@ def _resolve_streams(model: ModelConfig, backend: object, source: Path, index: i
             f"{backend!r} runs one batch per worker at a time (streams > 1 needs backend acl)"
         )
     return model
+
+
+def _check_layout_backend(model: ModelConfig, backend: object, source: Path, index: int) -> None:
+    """Batch axes other than 0 and unbatched inputs need a backend that takes them (the acl
+    backend stages and pads every input on axis 0, the way ATC compiles the batch)."""
+    if str(backend) != "acl":
+        return
+    moved = [f"inputs.{n}" for n, c in model.inputs.items() if c.batch_axis or not c.batched]
+    moved += [f"outputs.{n}" for n, c in model.outputs.items() if c.batch_axis]
+    if moved:
+        raise ConfigError(
+            f"{source}: key 'models[{index}].{moved[0]}': batch axes other than 0 and "
+            "unbatched inputs need backend onnxruntime (acl batches every input on axis 0)"
+        )
 
 
 PKG = "pkg://"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from inferchain.errors import InvalidInput
+from inferchain.layout import Layout
 from inferchain.tensors import Dim, TensorDesc
 
 
@@ -15,12 +16,24 @@ def _fmt(shape: Sequence[Dim]) -> str:
     return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 
 
+def _given(value: object) -> str:
+    """What a caller passed, for a message: None, a string, or the type."""
+    if value is None:
+        return "None"
+    if isinstance(value, str | bytes):
+        text = repr(value)
+        return f"a {type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+    return f"a {type(value).__name__}"
+
+
 class InputSpec:
     """What one item of a model must look like, and the check run at `submit()`.
 
-    For a batching model an item is each input without the leading batch dimension; for a
-    model with `max_batch_size: 0` it is the whole input as the model declares it. Arrays of
-    another dtype are cast only when numpy calls the cast safe (e.g. uint8 -> float32).
+    For a batching model an item is each input without its batch dimension (the leading one,
+    or the `batch_axis` the recipe gives), and an unbatched input's one value as the model
+    declares it; for a model with `max_batch_size: 0` it is the whole input as the model
+    declares it. Arrays of another dtype are cast only when numpy calls the cast safe (e.g.
+    uint8 -> float32).
     """
 
     def __init__(
@@ -29,13 +42,18 @@ class InputSpec:
         inputs: Sequence[TensorDesc],
         batching: bool,
         reject_nonfinite: bool = False,
+        layout: Layout | None = None,
     ) -> None:
         self.model = model
         self.reject_nonfinite = reject_nonfinite  # NaN / inf in a float input -> InvalidInput
         self.names = tuple(t.name for t in inputs)
         self.dtypes = tuple(t.dtype for t in inputs)
         self.batching = batching
-        self.shapes = tuple(t.item_shape() if batching else t.shape for t in inputs)
+        layout = layout or Layout.plain(len(inputs), 0)
+        self.shapes = layout.item_shapes(inputs) if batching else tuple(t.shape for t in inputs)
+        # unbatched inputs (indices): items share a batch only when their values are equal
+        self.shared = layout.shared if batching else ()
+        self._hints = tuple(_axis_hint(t, a) for t, a in zip(inputs, layout.inputs, strict=True))
         self._index = {name: i for i, name in enumerate(self.names)}
         # the common case checked in one comparison: an ndarray of the exact dtype and shape
         self._exact = tuple(
@@ -49,11 +67,12 @@ class InputSpec:
             return (self._check(0, inputs),)
         if isinstance(inputs, Mapping):
             arrays = self._from_mapping(inputs)
-        elif isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
+        elif not isinstance(inputs, Sequence) or isinstance(inputs, str | bytes):
             if len(self.names) != 1:
+                one = "a single array" if isinstance(inputs, np.ndarray) else _given(inputs)
                 raise InvalidInput(
                     f"model {self.model!r} takes {len(self.names)} inputs "
-                    f"{list(self.names)}; got a single array"
+                    f"{list(self.names)}; got {one}"
                 )
             arrays = [inputs]
         else:
@@ -95,7 +114,7 @@ class InputSpec:
     @property
     def takes_rows(self) -> bool:
         """True when items may come as the rows of one array (one batched input)."""
-        return len(self.names) == 1 and self.batching
+        return len(self.names) == 1 and self.batching and not self.shared
 
     def _from_mapping(self, inputs: Mapping[str, Any]) -> list[Any]:
         unknown = [k for k in inputs if k not in self._index]
@@ -138,38 +157,92 @@ class InputSpec:
                     )
                 array = array.astype(dtype)
         else:
-            try:
-                array = np.asarray(value, dtype=dtype)
-            except (TypeError, ValueError) as e:
-                raise InvalidInput(f"{where}: cannot convert to {dtype.name}: {e}") from None
+            array = self._convert(value, dtype, shape, where)
         if array.ndim != len(shape) or any(
             d is not None and d != a for d, a in zip(shape, array.shape, strict=True)
         ):
-            raise InvalidInput(f"{where}: expected shape {_fmt(shape)}, got {_fmt(array.shape)}")
+            raise InvalidInput(
+                f"{where}: expected shape {_fmt(shape)}{self._hints[i]}, got {_fmt(array.shape)}"
+            )
         return array
+
+    @staticmethod
+    def _convert(value: Any, dtype: np.dtype[Any], shape: Sequence[Dim], where: str) -> np.ndarray:
+        """A value that is not an ndarray (a list, a number) as an array of `dtype`; None,
+        strings and anything numpy reads as objects or text are refused."""
+        expected = f"expected an array of {dtype.name} of shape {_fmt(shape)}"
+        if value is None or isinstance(value, str | bytes):
+            raise InvalidInput(f"{where}: {expected}, got {_given(value)}")
+        try:
+            raw = np.asarray(value)
+            if raw.dtype.kind in "OSUV":
+                raise InvalidInput(
+                    f"{where}: {expected}, got {_given(value)} that numpy reads as "
+                    f"{raw.dtype.name} (not numbers)"
+                )
+            return np.asarray(raw, dtype=dtype)
+        except (TypeError, ValueError) as e:
+            raise InvalidInput(f"{where}: {expected}, got {_given(value)}: {e}") from None
+
+
+def _axis_hint(t: TensorDesc, axis: int | None) -> str:
+    """For a shape error: where an item's shape comes from, when it is not plain."""
+    if axis is None:
+        return f" (unbatched: the value for the whole batch, {t.describe()})"
+    if axis:
+        return f" (the model's {t.describe()} without its batch axis {axis})"
+    return ""
 
 
 Item = tuple[np.ndarray, ...]  # one item's arrays, in model input order
 
 
-def runs(items: Sequence[Item]) -> list[tuple[int, int]]:
-    """Ranges [start, stop) of consecutive items whose arrays have equal shapes."""
+def runs(items: Sequence[Item], shared: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """Ranges [start, stop) of consecutive items whose arrays have equal shapes, and equal
+    values of the unbatched inputs at the indices `shared`."""
     out: list[tuple[int, int]] = []
     start = 0
-    shapes = None
+    last: object = None
     for i, item in enumerate(items):
-        s = tuple(a.shape for a in item)
-        if s != shapes:
+        s: object = tuple(a.shape for a in item)
+        if shared:
+            s = (s, shared_values(item, shared))
+        if s != last:
             if i:
                 out.append((start, i))
-            start, shapes = i, s
+            start, last = i, s
     if items:
         out.append((start, len(items)))
     return out
 
 
-def stack(items: Sequence[Item]) -> Item:
-    """Same-shape items as one array per input, item i in row i (a view for one item)."""
+SharedValues = tuple[tuple[tuple[int, ...], bytes], ...]  # (shape, bytes) per unbatched input
+
+
+def shared_values(item: Item, shared: Sequence[int]) -> SharedValues:
+    """The values of an item's unbatched inputs (at the indices `shared`), in a form that
+    compares and hashes: each one's shape and bytes."""
+    return tuple((item[i].shape, item[i].tobytes()) for i in shared)
+
+
+def batch_key(key: tuple[tuple[int, ...], ...], rows: Item, shared: Sequence[int]) -> Hashable:
+    """What rows must share to run in one batch: their shape key and, where the model has
+    unbatched inputs, the values of those (each equal in every row of `rows`)."""
+    if not shared:
+        return key
+    return (key, shared_values(tuple(a[0] for a in rows), shared))
+
+
+def stack(items: Sequence[Item], shared: Sequence[int] = ()) -> Item:
+    """Same-shape items as one array per input, item i in row i (a view for one item). An
+    unbatched input, equal in every item, is the first item's value seen in every row (a
+    read-only view, no copy)."""
     if len(items) == 1:
         return tuple(a[None] for a in items[0])
-    return tuple(np.stack(column) for column in zip(*items, strict=True))
+    if not shared:
+        return tuple(np.stack(column) for column in zip(*items, strict=True))
+    n = len(items)
+    return tuple(
+        np.broadcast_to(column[0], (n, *column[0].shape)) if i in shared else np.stack(column)
+        for i, column in enumerate(zip(*items, strict=True))
+    )

@@ -17,17 +17,20 @@ import attrs
 
 from inferchain.config import ModelConfig
 from inferchain.errors import ConfigError
+from inferchain.layout import Axis, Layout, item_shape
 from inferchain.tensors import TensorDesc
 
 MB = 2**20
 
 
-def tensor_bytes(desc: TensorDesc, rows: int) -> int | None:
-    """Bytes of `desc` with its batch dim set to `rows`; None if another dim is dynamic."""
-    dims = desc.shape[1:] if desc.shape else ()
+def tensor_bytes(desc: TensorDesc, rows: int, axis: Axis = 0) -> int | None:
+    """Bytes of `desc` with its batch dim (on `axis`) set to `rows`, or of its one value when
+    unbatched (`axis` None); None if another dim is dynamic."""
+    dims = item_shape(desc.shape, axis) if desc.shape else ()
     if any(d is None for d in dims):
         return None
-    return rows * math.prod(d for d in dims if d is not None) * desc.dtype.itemsize
+    per_batch = 1 if axis is None else rows
+    return per_batch * math.prod(d for d in dims if d is not None) * desc.dtype.itemsize
 
 
 @attrs.frozen
@@ -71,23 +74,28 @@ def plan(
     inputs: Sequence[TensorDesc],
     outputs: Sequence[TensorDesc],
     buckets: Sequence[tuple[tuple[int, ...], ...]] = (),
+    layout: Layout | None = None,
 ) -> MemoryPlan:
-    """The memory plan of `model` given its IO description and its shape buckets.
+    """The memory plan of `model` given its IO description, its shape buckets and where its
+    inputs and outputs hold their rows (default: axis 0).
 
     With buckets, the input buffers of every bucket count (they are all allocated at init).
     """
     rows = model.batch_rows
+    layout = layout or Layout.plain(len(inputs), len(outputs))
+    out_sizes = [tensor_bytes(t, rows, a) for t, a in zip(outputs, layout.outputs, strict=True)]
     if buckets:
         itemsizes = [t.dtype.itemsize for t in inputs]
         input_bytes = sum(
-            rows * math.prod(shape) * itemsize
+            (1 if axis is None else rows) * math.prod(shape) * itemsize
             for key in buckets
-            for shape, itemsize in zip(key, itemsizes, strict=True)
+            for shape, itemsize, axis in zip(key, itemsizes, layout.inputs, strict=True)
         )
-        sizes = [input_bytes, *(tensor_bytes(t, rows) for t in outputs)]
+        sizes = [input_bytes, *out_sizes]
         dynamic = any(s is None for s in sizes) or model.shapes.strategy == "auto"
     else:
-        sizes = [tensor_bytes(t, rows) for t in (*inputs, *outputs)]
+        in_sizes = [tensor_bytes(t, rows, a) for t, a in zip(inputs, layout.inputs, strict=True)]
+        sizes = [*in_sizes, *out_sizes]
         dynamic = any(s is None for s in sizes)
     budget = model.memory_budget_mb
     return MemoryPlan(

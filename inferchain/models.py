@@ -12,6 +12,7 @@ from inferchain.core.sequences import StatePool
 from inferchain.core.worker import ModelWorker, Outbox
 from inferchain.errors import ConfigError
 from inferchain.inputs import InputSpec
+from inferchain.layout import Layout
 from inferchain.memory import MemoryPlan, plan
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
@@ -53,6 +54,10 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
         for model in models.values():  # warm-up runs on every worker thread at once
             for w in model.workers:
                 w.prepare(model.shapes, warm=model.config.warmup)
+    except ConfigError as e:  # checked against a loaded model: name the recipe file too
+        stop_workers(all_workers(workers.values()))
+        source = str(recipe.source)
+        raise (e if str(e).startswith(source) else ConfigError(f"{source}: {e}")) from e
     except BaseException:
         stop_workers(all_workers(workers.values()))
         raise
@@ -60,9 +65,11 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
 
 
 def describe(model: ModelConfig, session: Session) -> tuple[ModelInfo, ShapePolicy, MemoryPlan]:
-    """What a loaded session tells about `model`: its IO, its shape policy, its memory plan
-    (every known bucket counted). `init()` and `inferchain info` both use it."""
-    shapes = ShapePolicy(model, session.inputs, session.outputs)
+    """What a loaded session tells about `model`: its IO, its shape policy (with the layout
+    of its batch axes), its memory plan (every known bucket counted). `init()` and
+    `inferchain info` both use it."""
+    layout = Layout.of(model, session.inputs, session.outputs)
+    shapes = ShapePolicy(model, session.inputs, session.outputs, layout)
     info = ModelInfo(
         model.name,
         session.inputs,
@@ -71,7 +78,8 @@ def describe(model: ModelConfig, session: Session) -> tuple[ModelInfo, ShapePoli
         model.instances,
         dict(session.metadata),
     )
-    return info, shapes, plan(model, session.inputs, session.outputs, shapes.warm_keys())
+    memory = plan(model, session.inputs, session.outputs, shapes.warm_keys(), layout)
+    return info, shapes, memory
 
 
 def _describe(model: ModelConfig, workers: list[ModelWorker]) -> LoadedModel:
@@ -79,6 +87,8 @@ def _describe(model: ModelConfig, workers: list[ModelWorker]) -> LoadedModel:
     session = sessions[0]
     info, shapes, memory = describe(model, session)
     memory.check()
+    if model.max_batch_size > 0:
+        shapes.layout.check_batchable(model.name, session.inputs)
     return LoadedModel(
         config=model,
         workers=workers,
@@ -87,6 +97,7 @@ def _describe(model: ModelConfig, workers: list[ModelWorker]) -> LoadedModel:
             session.inputs,
             batching=model.max_batch_size > 0,
             reject_nonfinite=model.nonfinite == "reject",
+            layout=shapes.layout,
         ),
         shapes=shapes,
         info=info,

@@ -23,7 +23,7 @@ from inferchain.core.request import Callback, Outputs, Request, RequestState
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.work import Work
 from inferchain.errors import Closed, ConfigError, InvalidInput
-from inferchain.inputs import Item, runs, stack
+from inferchain.inputs import Item, batch_key, runs, stack
 from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
@@ -425,7 +425,8 @@ class OfflineInference:
             if not spec.batching:
                 groups = list(arrays)
             else:
-                groups = [stack(arrays[a:b]) for a, b in runs(arrays)]
+                shared = spec.shared
+                groups = [stack(arrays[a:b], shared) for a, b in runs(arrays, shared)]
         self._check_room(loaded, groups)
         prio = config.priority if priority is None else priority
         timeout = config.timeout_s if timeout is None else timeout
@@ -447,6 +448,7 @@ class OfflineInference:
                 model,
                 inputs,
                 shape_key=key,
+                batch_key=batch_key(key, inputs, spec.shared) if spec.shared else key,
                 exact=exact,
                 names=names,
                 submitted=now,

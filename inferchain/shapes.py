@@ -20,6 +20,7 @@ import numpy as np
 
 from inferchain.config import ModelConfig
 from inferchain.errors import ConfigError, InvalidInput
+from inferchain.layout import Layout
 from inferchain.logs import get_logger
 from inferchain.tensors import TensorDesc
 
@@ -114,7 +115,11 @@ class ShapePolicy:
     """One model's strategy: the batch key of each item; buckets; what to crop back."""
 
     def __init__(
-        self, model: ModelConfig, inputs: Sequence[TensorDesc], outputs: Sequence[TensorDesc]
+        self,
+        model: ModelConfig,
+        inputs: Sequence[TensorDesc],
+        outputs: Sequence[TensorDesc],
+        layout: Layout | None = None,
     ) -> None:
         config = model.shapes
         self.model = model.name
@@ -123,7 +128,9 @@ class ShapePolicy:
         self.pad_value = config.pad_value
         self.num_buckets = config.num_buckets
         self._sample_size = config.sample
-        self._item_shapes = tuple(t.item_shape() for t in inputs)
+        # where each input and output holds its rows; items are inputs without that axis
+        self.layout = layout or Layout.of(model, inputs, outputs)
+        self._item_shapes = self.layout.item_shapes(inputs)
         self._lock = threading.Lock()
         self._sample: list[ShapeKey] = []
         static = model.max_batch_size > 0 and all(None not in s for s in self._item_shapes)

@@ -3,7 +3,7 @@ batching window, skipped cancelled rows, and feeding a batch's slices to a worke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 from hypothesis import given
@@ -39,9 +39,11 @@ def create_work(
     key: ShapeKey | None = None,
     admitted: float = T0,
     per_item: bool = False,
+    batch_key: Hashable = None,
 ) -> Work:
     """A READY work of `rows` rows of float32[width] (row i holds id * 1000 + i), batched
-    under `key` (default: its own shape); with `per_item`, one READY Request a row."""
+    under `key` (default: its own shape) and `batch_key` (default: the shape key); with
+    `per_item`, one READY Request a row."""
     x = np.arange(rows * width, dtype=np.float32).reshape(rows, width) // width + id * 1000
     exact = ((width,),)
     requests = None
@@ -58,6 +60,7 @@ def create_work(
         names=("y",),
         submitted=admitted,
         requests=requests,
+        batch_key=batch_key,
     )
     work.state = S.READY
     work.admitted = admitted
@@ -86,6 +89,18 @@ def test_rows_are_grouped_by_shape_key() -> None:
     assert spans(slices) == [(1, 0, 1, 0), (3, 0, 1, 1)] and rows == 2
     assert b.num_ready == 1
     assert sorted(b.groups) == [((5,),)]
+
+
+def test_rows_of_one_shape_with_other_unbatched_values_never_share_a_batch() -> None:
+    b = create_batcher()
+    works = [create_work(i, batch_key=(((4,),), (((), bytes([i % 2])),))) for i in range(1, 5)]
+    for w in works:
+        b.add(w)
+    assert len(b.groups) == 2
+    for key in list(b.groups):
+        slices, rows = b.take(key)
+        assert rows == 2 and len({s.work.batch_key for s in slices}) == 1
+    assert not b.groups and b.num_ready == 0
 
 
 def test_a_work_spans_several_batches_of_at_most_max_batch_rows() -> None:
@@ -310,3 +325,64 @@ def test_a_work_that_does_not_batch_is_fed_its_inputs_untouched() -> None:
                 submitted=T0, batched=False)  # fmt: skip
     (fed,) = create_buffers().feed(batch_of(Slice(work, 0, 1, 0), key=((3, 4),)))
     assert fed is x
+
+
+# -- HostBuffers.feed with batch axes and unbatched inputs ------------------------------------
+
+LAID_OUT = [
+    TensorDesc("x", (None, 3), np.float32),  # rows on axis 0
+    TensorDesc("state", (2, None, 3), np.float32),  # rows on axis 1
+    TensorDesc("gain", (), np.float32),  # one value per batch
+]
+
+
+def create_state_work(id: int, rows: int, gain: float = 2.0, width: int = 3) -> Work:
+    """A READY work of `rows` items (x [width], state [2, width], gain), rows on axis 0 as
+    every Work keeps them; x row i holds id * 1000 + i, state row i that and its negation."""
+    x = np.arange(rows, dtype=np.float32)[:, None] + id * 1000 + np.zeros(width, np.float32)
+    state = np.stack([x, -x], axis=1)
+    gains = np.broadcast_to(np.float32(gain), (rows,))
+    exact = ((width,), (2, width), ())
+    work = Work(id, "m", (x, state, gains), shape_key=exact, exact=exact, names=("y",),
+                submitted=T0)  # fmt: skip
+    work.state = S.READY
+    return work
+
+
+def test_rows_on_axis_1_are_copied_once_into_a_contiguous_buffer_in_the_model_layout() -> None:
+    buffers = HostBuffers(LAID_OUT, 4, axes=(0, 1, None))
+    first, second = create_state_work(1, rows=3), create_state_work(2, rows=3)
+    key = first.shape_key
+    x, state, gain = buffers.feed(batch_of(Slice(first, 1, 3, 0), Slice(second, 0, 1, 2), key=key))
+    rows = np.concatenate([first.inputs[1][1:3], second.inputs[1][:1]])
+    assert state.shape == (2, 3, 3) and state.flags.c_contiguous
+    assert np.shares_memory(state, buffers.get(0, key)[1])
+    np.testing.assert_array_equal(state, np.moveaxis(rows, 0, 1))
+    np.testing.assert_array_equal(x, np.concatenate([first.inputs[0][1:3], second.inputs[0][:1]]))
+    assert gain.shape == () and gain == np.float32(2.0)  # once, as the model declares it
+
+
+def test_one_exact_slice_feeds_axis_0_as_a_view_and_axis_1_through_its_buffer() -> None:
+    buffers = HostBuffers(LAID_OUT, 4, axes=(0, 1, None))
+    work = create_state_work(1, rows=4)
+    x, state, _ = buffers.feed(batch_of(Slice(work, 0, 4, 0), key=work.shape_key))
+    assert np.shares_memory(x, work.inputs[0])
+    assert not np.shares_memory(state, work.inputs[1]) and state.flags.c_contiguous
+    np.testing.assert_array_equal(state, np.moveaxis(work.inputs[1], 0, 1))
+
+
+def test_rows_on_axis_1_smaller_than_the_bucket_are_padded_in_the_model_layout() -> None:
+    buffers = HostBuffers(LAID_OUT, 4, pad_value=-1.0, axes=(0, 1, None))
+    short = create_state_work(1, rows=2, width=2)
+    key = ((3,), (2, 3), ())
+    _, state, _ = buffers.feed(batch_of(Slice(short, 0, 2, 0), key=key))
+    assert state.shape == (2, 2, 3)
+    np.testing.assert_array_equal(state[:, :, :2], np.moveaxis(short.inputs[1], 0, 1))
+    assert (state[:, :, 2] == -1.0).all()
+
+
+def test_warm_up_zeros_have_the_model_layout_at_the_max_batch() -> None:
+    buffers = HostBuffers(LAID_OUT, 4, axes=(0, 1, None))
+    x, state, gain = buffers.zeros(0, ((3,), (2, 3), ()))
+    assert (x.shape, state.shape, gain.shape) == ((4, 3), (2, 4, 3), ())
+    assert not (x.any() or state.any() or gain.any())

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 import inferchain as ic
-from inferchain.config import Recipe
+from inferchain.config import InputConfig, OutputConfig, Recipe
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,6 +50,41 @@ def test_orientation_recipe_loads_with_pkg_path() -> None:
         ("name: x\nmodels: [{name: m, path: missing.onnx}]", "model file 'missing.onnx' does not"),
         ("name: x\nmodels: [{name: m, path: 'pkg://no_such_pkg/m.onnx'}]", "package 'no_such_pkg'"),
         ("name: x\nmodels: [{name: m, path: m.onnx}, {name: m, path: m.onnx}]", "unique"),
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, inputs: {state: {batch_axis: one}}}]",
+            "'models[0].inputs.state.batch_axis' must be int, got str",
+        ),
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, inputs: {state: {batch_axis: -1}}}]",
+            "models[0].inputs.state: batch_axis must be >= 0, got -1",
+        ),
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, inputs: {sr: {batched: no, batch_axis: 1}}}"
+            "]",
+            "models[0].inputs.sr: batch_axis 1 given for an input with batched: false",
+        ),
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, inputs: {state: {axis: 1}}}]",
+            "unknown key 'models[0].inputs.state.axis' (known: batch_axis, batched)",
+        ),
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, outputs: {stateN: {batched: false}}}]",
+            "unknown key 'models[0].outputs.stateN.batched' (known: batch_axis)",
+        ),
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, inputs: [state]}]",
+            "'models[0].inputs' must be a mapping of input names to {batch_axis, batched}",
+        ),
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, inputs: {sr: true}}]",
+            "models[0].inputs.sr must be a mapping, got bool",
+        ),
+        (
+            "name: x\nbackend: acl\n"
+            "models: [{name: m, path: m.onnx, inputs: {sr: {batched: false}}}]",
+            "'models[0].inputs.sr': batch axes other than 0 and unbatched inputs need backend "
+            "onnxruntime",
+        ),
         ("[1, 2]", "must be a mapping"),
         ("name: [unclosed", "not valid YAML"),
     ],
@@ -56,7 +92,7 @@ def test_orientation_recipe_loads_with_pkg_path() -> None:
 def test_bad_recipes_name_the_key_and_file(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "m.onnx").write_bytes(b"")
     path = write(tmp_path, text)
-    with pytest.raises(ic.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as e:
+    with pytest.raises(ic.ConfigError, match=re.escape(message)) as e:
         ic.load_recipe(tmp_path)
     assert str(path) in str(e.value)
 
@@ -84,6 +120,21 @@ def test_defaults_and_derived_values(tmp_path: Path) -> None:
     assert r.providers == ("CPUExecutionProvider",)
     with pytest.raises(ic.ConfigError, match="no model named 'q'"):
         r.model("q")
+
+
+def test_batch_axes_and_unbatched_inputs_are_read_per_model(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    write(
+        tmp_path,
+        "name: x\nmodels:\n  - {name: m, path: m.onnx,\n"
+        "     inputs: {state: {batch_axis: 1}, sr: {batched: false}},\n"
+        "     outputs: {stateN: {batch_axis: 1}}}\n  - {name: n, path: m.onnx}\n",
+    )
+    r = ic.load_recipe(tmp_path)
+    m = r.model("m")
+    assert m.inputs == {"state": InputConfig(batch_axis=1), "sr": InputConfig(batched=False)}
+    assert m.outputs == {"stateN": OutputConfig(batch_axis=1)}
+    assert r.model("n").inputs == {} and r.model("n").outputs == {}  # rows on axis 0
 
 
 def test_a_model_may_override_session_options(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -63,6 +64,32 @@ def test_bad_input_is_a_clear_error_and_harms_nothing(mlp_path: Path) -> None:
             oi.submit("nope", xs[0])
         assert oi.infer("mlp", np.ones(64, np.uint8))["y"].shape == (10,)  # a safe cast
         assert all(r.result(timeout=10)["y"].shape == (10,) for r in in_flight)
+
+
+def test_none_and_strings_are_clear_errors_naming_what_was_given(
+    mlp_path: Path, two_io_path: Path
+) -> None:
+    models = recipe(
+        {"name": "mlp", "path": str(mlp_path), "max_batch_size": 16},
+        {"name": "two", "path": str(two_io_path)},
+    )
+    x = np.ones(64, np.float32)
+    with ic.OfflineInference(models) as oi:
+        expected = "model 'mlp' input 'x': expected an array of float32 of shape (64), got"
+        for given, named in [(None, "None"), ("1.5", "a str '1.5'"), (b"x", "a bytes b'x'")]:
+            with pytest.raises(ic.InvalidInput, match=re.escape(f"{expected} {named}")):
+                oi.submit("mlp", given)
+            with pytest.raises(ic.InvalidInput, match=re.escape(f"{expected} {named}")):
+                oi.submit("mlp", {"x": given})
+        with pytest.raises(ic.InvalidInput, match=r"got a list that numpy reads as object"):
+            oi.submit("mlp", {"x": [1.0, None] * 32})
+        with pytest.raises(ic.InvalidInput, match=r"model 'two' takes 2 inputs .*; got None"):
+            oi.submit("two", None)
+        with pytest.raises(ic.InvalidInput, match=r"model 'two' takes 2 inputs .*; got a str 'ab'"):
+            oi.submit("two", "ab")  # not a sequence of two inputs
+        with pytest.raises(ic.InvalidInput, match=r"input 'scale': expected .* got None"):
+            oi.submit("two", [np.ones(4, np.float32), None])
+        assert oi.infer("mlp", x)["y"].shape == (10,)
 
 
 def test_batches_form_under_load(mlp_path: Path) -> None:

@@ -23,7 +23,9 @@ class Session(abc.ABC):
     valid until the next `run` call; callers copy what they keep.
     """
 
-    inputs: tuple[TensorDesc, ...]  # in the order `run` takes them; shape[0] is the batch dim
+    # in the order `run` takes them; the batch dim is on each input's batch axis (the
+    # recipe's `inputs: {NAME: {batch_axis: K}}`, default 0; see `inferchain.layout`)
+    inputs: tuple[TensorDesc, ...]
     outputs: tuple[TensorDesc, ...]  # in the order `run` returns them
     max_batch_size: int | None = None  # largest batch the loaded model accepts; None = any
     reuses_outputs: bool = True  # run() returns the same host buffers each call
@@ -33,10 +35,14 @@ class Session(abc.ABC):
 
     @abc.abstractmethod
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        """Run one batch. `inputs` are in `self.inputs` order with `batch_size` rows each.
+        """Run one batch. `inputs` are in `self.inputs` order and in the model's layout:
+        `batch_size` rows on each input's batch axis, an unbatched input's one value as the
+        model declares it. `batch_size` 0: a model that does not batch; its inputs are whole
+        and go to the runtime untouched.
 
         A model compiled for a fixed batch larger than `batch_size` is padded by the session;
-        the outputs have at least `batch_size` rows, of which the first `batch_size` count.
+        the outputs have at least `batch_size` rows on their batch axis, of which the first
+        `batch_size` count.
         """
 
     # -- streams: batches in flight at once ------------------------------------------------

@@ -11,6 +11,7 @@ import onnxruntime as ort
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe, SessionOptions
 from inferchain.errors import BackendError, ConfigError
+from inferchain.layout import Layout
 from inferchain.logs import get_logger
 from inferchain.tensors import TensorDesc
 
@@ -92,19 +93,23 @@ def describe(args: Sequence[Any]) -> tuple[TensorDesc, ...]:
 
 
 class OnnxRuntimeSession(Session):
-    """One `ort.InferenceSession`; `run` feeds the batch rows in the model's input order."""
+    """One `ort.InferenceSession`; `run` feeds the batch in the model's input order and
+    layout (each input's rows on its batch axis, an unbatched input's one value)."""
 
-    def __init__(self, session: ort.InferenceSession) -> None:
+    def __init__(self, session: ort.InferenceSession, model: ModelConfig) -> None:
         self._session = session
         self.inputs = describe(session.get_inputs())
         self.outputs = describe(session.get_outputs())
         self._input_names = [t.name for t in self.inputs]
         self._output_names = [t.name for t in self.outputs]
-        fixed = [t.shape[0] for t in self.inputs if t.shape and t.shape[0] is not None]
-        self.max_batch_size = min(fixed) if fixed else None
+        layout = Layout.of(model, self.inputs, self.outputs)
+        self._axes = layout.inputs  # per input, the dim of its rows (None: unbatched)
+        # a model that does not batch takes its inputs whole: no limit, nothing padded
+        batching = model.max_batch_size > 0
+        self.max_batch_size = layout.batch_limit(self.inputs) if batching else None
         self.reuses_outputs = False  # every run returns new arrays
         self.metadata: dict[str, str] = dict(session.get_modelmeta().custom_metadata_map)
-        self._padded: list[np.ndarray] | None = None  # for a fixed-batch model, made once
+        self._padded: list[np.ndarray | None] | None = None  # for a fixed-batch model, made once
 
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
         if self.max_batch_size is not None and batch_size < self.max_batch_size:
@@ -116,16 +121,29 @@ class OnnxRuntimeSession(Session):
             raise BackendError(f"onnxruntime: {e}", name=type(e).__name__) from e
 
     def _pad(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        """Rows copied into buffers of the model's fixed batch (the rest is stale)."""
+        """Rows copied into buffers of the model's fixed batch on each input's batch axis
+        (the rest is stale); an unbatched input is passed as it is."""
         if self._padded is None:
             rows = self.max_batch_size or 1
-            self._padded = [np.zeros((rows, *a.shape[1:]), a.dtype) for a in inputs]
-        for buf, a in zip(self._padded, inputs, strict=True):
-            buf[:batch_size] = a[:batch_size]
-        return self._padded
+            self._padded = [
+                None if axis is None else np.zeros(_with_dim(a.shape, axis, rows), a.dtype)
+                for a, axis in zip(inputs, self._axes, strict=True)
+            ]
+        out = []
+        for buf, a, axis in zip(self._padded, inputs, self._axes, strict=True):
+            if buf is None or axis is None:
+                out.append(a)
+                continue
+            np.moveaxis(buf, axis, 0)[:batch_size] = np.moveaxis(a, axis, 0)[:batch_size]
+            out.append(buf)
+        return out
 
     def close(self) -> None:
         self._session = None
+
+
+def _with_dim(shape: tuple[int, ...], axis: int, size: int) -> tuple[int, ...]:
+    return (*shape[:axis], size, *shape[axis + 1 :])
 
 
 class OnnxRuntimeBackend(Backend):
@@ -154,4 +172,4 @@ class OnnxRuntimeBackend(Backend):
                 f"onnxruntime could not load model {model.name!r} from {model.path}: {e}",
                 name=type(e).__name__,
             ) from e
-        return OnnxRuntimeSession(session)
+        return OnnxRuntimeSession(session, model)

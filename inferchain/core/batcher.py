@@ -1,4 +1,7 @@
-"""BuildBatch: one model's READY works grouped by shape key, cut into batches by row range.
+"""BuildBatch: one model's READY works grouped by batch key, cut into batches by row range.
+
+The batch key is the shape key, and for a model with unbatched inputs their values too:
+only rows with equal keys share a batch.
 
 A group is sent when it holds a full batch, when its oldest row has waited the batching
 window (`max_queue_delay_ms`), or at once when every worker of the model is idle (waiting
@@ -12,7 +15,7 @@ import time
 from collections import deque
 
 from inferchain.config import ModelConfig
-from inferchain.core.records import ShapeKey, Slice
+from inferchain.core.records import BatchKey, Slice
 from inferchain.core.request import RequestState, advance
 from inferchain.core.work import Work
 
@@ -21,18 +24,18 @@ _RUNNING = RequestState.RUNNING
 
 
 class ModelBatcher:
-    """One model's READY works by shape key (the engine's loop is its only user)."""
+    """One model's READY works by batch key (the engine's loop is its only user)."""
 
     def __init__(self, model: ModelConfig) -> None:
         self.name = model.name
         self.max_rows = model.batch_rows
         self.delay = model.max_queue_delay_ms / 1000.0  # seconds
-        self.groups: dict[ShapeKey, deque[Work]] = {}
-        self._rows: dict[ShapeKey, int] = {}  # rows not yet taken, per group
+        self.groups: dict[BatchKey, deque[Work]] = {}
+        self._rows: dict[BatchKey, int] = {}  # rows not yet taken, per group
         self.num_ready = 0  # rows not yet taken, all groups
 
     def add(self, work: Work) -> None:
-        key = work.shape_key
+        key = work.batch_key
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = deque()
@@ -43,10 +46,10 @@ class ModelBatcher:
         self._rows[key] += left
         self.num_ready += left
 
-    def due(self, now: float, all_idle: bool) -> tuple[ShapeKey | None, float]:
+    def due(self, now: float, all_idle: bool) -> tuple[BatchKey | None, float]:
         """The group to send now (the one whose oldest work waited longest among those
         due), and when the next window expires."""
-        best: ShapeKey | None = None
+        best: BatchKey | None = None
         best_t = next_due = float("inf")
         for key, group in self.groups.items():
             head = group[0].admitted
@@ -59,7 +62,7 @@ class ModelBatcher:
                 next_due = min(next_due, head + self.delay)
         return best, next_due
 
-    def take(self, key: ShapeKey) -> tuple[list[Slice], int]:
+    def take(self, key: BatchKey) -> tuple[list[Slice], int]:
         """Up to a batch of rows from group `key`: the slices and their rows. Works whose
         rows are all taken (or were dropped by the engine) leave the group."""
         group = self.groups[key]
@@ -92,7 +95,7 @@ class ModelBatcher:
     def forget(self, work: Work, rows: int) -> None:
         """The engine dropped `rows` untaken rows of `work` (cancelled or timed out)."""
         if work.held:
-            self._rows[work.shape_key] -= rows
+            self._rows[work.batch_key] -= rows
             self.num_ready -= rows
 
     def _take_requests(self, work: Work, slices: list[Slice], rows: int) -> int:

@@ -4,16 +4,23 @@ One set per (stream, shape key), sized for the max batch, made once (kept LRU fo
 shapes). A batch that is exactly one slice of unpadded rows needs no buffer at all: its rows
 are fed as they are (a view of the caller's array). Otherwise each slice costs one copy per
 input, and rows smaller than the shape key are padded in the same step.
+
+Works keep every input's rows on axis 0. An input whose model keeps them on another axis
+(`batch_axis`) has a flat buffer instead, viewed per batch in the model's layout with just
+the batch's rows, so it is contiguous; the slices are copied straight into it through that
+view's rows (one copy, as for axis 0). An unbatched input is fed its one value.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 
-from inferchain.core.records import Batch, ShapeKey
+from inferchain.core.records import Batch, ShapeKey, Slice
+from inferchain.layout import Axis
 from inferchain.tensors import TensorDesc
 
 MAX_SHAPE_BUFFERS = 16  # buffer sets kept for dynamic shapes (LRU), at least
@@ -22,20 +29,31 @@ MAX_SHAPE_BUFFERS = 16  # buffer sets kept for dynamic shapes (LRU), at least
 class HostBuffers:
     """Input buffers of one worker (used only on its thread)."""
 
-    def __init__(self, inputs: Sequence[TensorDesc], rows: int, pad_value: float = 0.0) -> None:
+    def __init__(
+        self,
+        inputs: Sequence[TensorDesc],
+        rows: int,
+        pad_value: float = 0.0,
+        axes: Sequence[Axis] | None = None,
+    ) -> None:
         self._dtypes = tuple(t.dtype for t in inputs)
         self._rows = rows  # the max batch
         self.pad_value = pad_value
         self.max_sets = MAX_SHAPE_BUFFERS
         self._sets: OrderedDict[tuple[int, ShapeKey], list[np.ndarray]] = OrderedDict()
+        # per input, the model's dim of its rows (None: unbatched); all 0 unless told
+        self._axes: tuple[Axis, ...] = tuple(axes) if axes is not None else (0,) * len(inputs)
+        self._plain = all(a == 0 for a in self._axes)  # fed as stacked: no layout work
 
     def get(self, stream: int, key: ShapeKey) -> list[np.ndarray]:
-        """The buffers for `key` on `stream`, made on first use."""
+        """The buffers for `key` on `stream`, made on first use: [max batch, *item shape]
+        for an input with rows on axis 0, flat for one with another batch axis, the value's
+        shape for an unbatched input."""
         found = self._sets.get((stream, key))
         if found is None:
             found = [
-                np.empty((self._rows, *shape), dtype)
-                for shape, dtype in zip(key, self._dtypes, strict=True)
+                self._make(shape, dtype, axis)
+                for shape, dtype, axis in zip(key, self._dtypes, self._axes, strict=True)
             ]
             self._sets[(stream, key)] = found
             if len(self._sets) > self.max_sets:
@@ -44,30 +62,84 @@ class HostBuffers:
             self._sets.move_to_end((stream, key))
         return found
 
+    def _make(self, shape: tuple[int, ...], dtype: np.dtype[np.generic], axis: Axis) -> np.ndarray:
+        if axis == 0:
+            return np.empty((self._rows, *shape), dtype)
+        if axis is None:
+            return np.empty(shape, dtype)
+        return np.empty(self._rows * math.prod(shape), dtype)
+
     def feed(self, batch: Batch) -> list[np.ndarray]:
-        """The batch's input arrays, `batch.rows` rows each, in model input order."""
+        """The batch's input arrays in model input order and layout: `batch.rows` rows on
+        each input's batch axis, an unbatched input's one value."""
         slices = batch.slices
         if len(slices) == 1:
             s = slices[0]
             work = s.work
             if not work.batched:
                 return list(work.inputs)
-            if work.exact == batch.shape_key:
+            if self._plain and work.exact == batch.shape_key:
                 return [a[s.start : s.stop] for a in work.inputs]
+        if not self._plain:
+            return self._feed_laid_out(batch)
         n = batch.rows
         views = [b[:n] for b in self.get(batch.stream, batch.shape_key)]
+        for i, (view, shape) in enumerate(zip(views, batch.shape_key, strict=True)):
+            self._fill(view, slices, i, shape)
+        return views
+
+    def _feed_laid_out(self, batch: Batch) -> list[np.ndarray]:
+        """`feed` for a model with another batch axis or an unbatched input."""
+        n = batch.rows
+        slices = batch.slices
+        first = slices[0]
+        exact = len(slices) == 1 and first.work.exact == batch.shape_key
+        buffers = self.get(batch.stream, batch.shape_key)
+        fed = []
+        for i, (buffer, shape, axis) in enumerate(
+            zip(buffers, batch.shape_key, self._axes, strict=True)
+        ):
+            if axis is None:  # every row has the same value: the first one's
+                fed.append(first.work.inputs[i][first.start, ...])
+            elif axis == 0 and exact:
+                fed.append(first.work.inputs[i][first.start : first.stop])
+            elif axis == 0:
+                rows = buffer[:n]
+                self._fill(rows, slices, i, shape)
+                fed.append(rows)
+            else:
+                laid_out = buffer[: n * math.prod(shape)].reshape(*shape[:axis], n, *shape[axis:])
+                self._fill(np.moveaxis(laid_out, axis, 0), slices, i, shape)
+                fed.append(laid_out)
+        return fed
+
+    def _fill(
+        self, rows: np.ndarray, slices: Sequence[Slice], i: int, shape: tuple[int, ...]
+    ) -> None:
+        """Copy input `i` of each slice into its rows of `rows` (the batch's rows on axis 0),
+        padding rows smaller than the batch's item `shape` with `pad_value`."""
         for s in slices:
             work = s.work
-            end = s.offset + s.stop - s.start
-            padded = work.exact != batch.shape_key
-            for view, src, shape in zip(views, work.inputs, work.exact, strict=True):
-                rows = view[s.offset : end]
-                if padded and shape != view.shape[1:]:
-                    rows.fill(self.pad_value)
-                    rows[(slice(None), *(slice(0, d) for d in shape))] = src[s.start : s.stop]
-                else:
-                    rows[...] = src[s.start : s.stop]
-        return views
+            dest = rows[s.offset : s.offset + s.stop - s.start]
+            src = work.inputs[i][s.start : s.stop]
+            small = work.exact[i]
+            if small != shape:
+                dest.fill(self.pad_value)
+                dest[(slice(None), *(slice(0, d) for d in small))] = src
+            else:
+                dest[...] = src
+
+    def zeros(self, stream: int, key: ShapeKey) -> list[np.ndarray]:
+        """Zeros for a whole max batch of `key` in the model's layout, in the buffers of
+        `key` on `stream` (made now if new): what a warm-up runs."""
+        fed = []
+        for buffer, shape, axis in zip(self.get(stream, key), key, self._axes, strict=True):
+            buffer.fill(0)
+            if axis is None or axis == 0:
+                fed.append(buffer)
+            else:
+                fed.append(buffer.reshape(*shape[:axis], self._rows, *shape[axis:]))
+        return fed
 
     def clear(self) -> None:
         self._sets.clear()

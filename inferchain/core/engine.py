@@ -423,7 +423,9 @@ class ExecutionEngine:
             room[worker.index] -= 1
             all_idle = False
             stream = model.take_stream(worker)
-            worker.dispatch(Batch(model.name, worker.index, stream, tuple(slices), rows, key, now))
+            shape_key = slices[0].work.shape_key  # the same for every work of the group
+            batch = Batch(model.name, worker.index, stream, tuple(slices), rows, shape_key, now)
+            worker.dispatch(batch)
         return float("inf")
 
     # -- ending rows ----------------------------------------------------------------------

@@ -6,7 +6,7 @@ inferchain.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from types import MappingProxyType
 
 import attrs
@@ -15,6 +15,7 @@ import numpy as np
 from inferchain.core.work import Work
 
 ShapeKey = tuple[tuple[int, ...], ...]  # one item shape per model input
+BatchKey = Hashable  # what the rows of one batch share: a ShapeKey (and unbatched values)
 NO_STAGES: Mapping[str, float] = MappingProxyType({})  # shared by batches without a split
 
 

@@ -13,7 +13,7 @@ The engine's loop thread is the one writer of every field after submission, exce
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -29,6 +29,7 @@ class Work:
     __slots__ = (
         "_done",
         "admitted",
+        "batch_key",
         "batched",
         "cancelled",
         "deadline",
@@ -65,6 +66,7 @@ class Work:
         exact: tuple[tuple[int, ...], ...],
         names: tuple[str, ...],
         submitted: float,
+        batch_key: Hashable = None,
         batched: bool = True,
         priority: int = 0,
         deadline: float | None = None,
@@ -75,12 +77,16 @@ class Work:
     ) -> None:
         self.id = id  # unique per OfflineInference; orders equal priorities (FIFO)
         self.model = model
-        # batched: one array per model input, `rows` rows each (row i = item i); else the
-        # model's whole inputs, passed through untouched (max_batch_size 0; rows is 1)
+        # batched: one array per model input, `rows` rows each (row i = item i; an unbatched
+        # input's one value is seen in every row); else the model's whole inputs, passed
+        # through untouched (max_batch_size 0; rows is 1)
         self.inputs = inputs
         self.batched = batched
         self.rows = len(inputs[0]) if batched and inputs else 1
         self.shape_key = shape_key  # item shapes of the batch this work's rows join
+        # what rows must share to run in one batch (the batcher's group): the shape key,
+        # and the values of the model's unbatched inputs where it has any
+        self.batch_key = shape_key if batch_key is None else batch_key
         self.exact = exact  # item shapes of the rows themselves (differ when padded)
         self.names = names  # the model's output names, in output order
         self.nbytes = sum(a.nbytes for a in inputs)  # host bytes of all rows' inputs

@@ -24,6 +24,7 @@ from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
 from inferchain.core.sequences import StatePool
 from inferchain.errors import BackendError, ConfigError, InferchainError
+from inferchain.layout import Layout
 from inferchain.logs import get_logger, log_safely
 from inferchain.shapes import ShapePolicy
 
@@ -54,6 +55,12 @@ class _InFlight:
 _RECOVER = object()  # a queue item: re-initialise the session (after an inline failure)
 
 
+def _on_axes(layout: Layout) -> str:
+    """For the max_batch_size message: the batch axes it was read on, when not all 0."""
+    axes = [a for a in layout.inputs if a is not None]
+    return f" (its fixed batch dims, on the inputs' batch axes {axes})" if any(axes) else ""
+
+
 class ModelWorker:
     """Owns one backend Session, its streams, its buffers and its thread.
 
@@ -81,6 +88,8 @@ class ModelWorker:
         self._batching = model.max_batch_size > 0
         self._queue: queue.SimpleQueue[Batch | _Prepare | object | None] = queue.SimpleQueue()
         self._buffers: HostBuffers | None = None
+        self._moved_outputs: tuple[tuple[int, int], ...] = ()  # (output, its batch axis) != 0
+        self._shared = False  # the model has unbatched inputs (no warm-up with zeros)
         self._in_flight: deque[_InFlight] = deque()
         self._ready = threading.Event()
         self._init_error: BaseException | None = None
@@ -182,15 +191,18 @@ class ModelWorker:
     def _init(self) -> None:
         session = self._backend.load(self.model, self._device)
         self.session = session
+        layout = Layout.of(self.model, session.inputs, session.outputs)
         limit = session.max_batch_size
         if self._batching and limit is not None and self.model.max_batch_size > limit:
             raise ConfigError(
                 f"model {self.model.name!r}: max_batch_size {self.model.max_batch_size} "
-                f"exceeds the {limit} the loaded model accepts"
+                f"exceeds the {limit} the loaded model accepts{_on_axes(layout)}"
             )
         self.num_streams = max(1, session.num_streams)
+        self._moved_outputs = layout.moved_outputs
+        self._shared = bool(layout.shared)
         pad = self.shapes.pad_value if self.shapes is not None else 0.0
-        self._buffers = HostBuffers(session.inputs, self.model.batch_rows, pad)
+        self._buffers = HostBuffers(session.inputs, self.model.batch_rows, pad, layout.inputs)
         log.debug("worker_ready", worker=self.name, inputs=[t.describe() for t in session.inputs])
 
     def _prepare(self, item: _Prepare) -> None:
@@ -199,13 +211,14 @@ class ModelWorker:
             assert self._buffers is not None and self.session is not None
             self._buffers.pad_value = item.policy.pad_value
             self._buffers.max_sets = max(self._buffers.max_sets, 2 * len(item.policy.buckets))
+            # zeros may not be a value an unbatched input accepts (a sampling rate of 0):
+            # such a model gets its buffers but no warm-up run
+            warm = item.warm and not self._shared
             for key in item.policy.warm_keys() if self._batching else ():
                 for stream in range(self.num_streams):
-                    feed = self._buffers.get(stream, key)
-                    if item.warm:
-                        for b in feed:
-                            b.fill(0)
-                        self.session.run(feed, len(feed[0]))
+                    feed = self._buffers.zeros(stream, key)
+                    if warm:
+                        self.session.run(feed, self.model.batch_rows)
         except Exception as e:
             self._init_error = e
         finally:
@@ -274,9 +287,16 @@ class ModelWorker:
         return BatchResult(batch, None, error, timing, was_healthy and not self.healthy), crash
 
     def _outputs(self, outputs: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, ...]:
+        """The first `n` rows of each output, on axis 0 (a model that does not batch: the
+        outputs whole)."""
         assert self.session is not None
         if not self._batching:
             return tuple(outputs)
+        if self._moved_outputs:
+            moved = list(outputs)
+            for i, axis in self._moved_outputs:  # a view: rows first, no copy
+                moved[i] = np.moveaxis(moved[i], axis, 0)
+            outputs = moved
         if self.session.reuses_outputs:
             return tuple(np.array(o[:n]) for o in outputs)
         return tuple(o if len(o) == n else o[:n] for o in outputs)

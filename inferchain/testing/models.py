@@ -234,3 +234,34 @@ def write_mlp64(
     out = Path(path)
     out.write_bytes(data)
     return out
+
+
+def write_stateful(path: str | Path, *, hidden: int = 4, batch: int | None = None) -> Path:
+    """A step of a recurrent model that keeps its rows on axis 1 of its state, like
+    silero-vad, with a scalar shared by the whole batch.
+
+    Inputs: ``x`` float32 [N, hidden], ``state`` float32 [2, N, hidden] (rows on axis 1),
+    ``gain`` float32 [] (a scalar). Outputs: ``stateN`` = state * gain + x, float32
+    [2, N, hidden]; ``y`` = the mean of ``stateN`` over its first axis, float32 [N, hidden].
+    """
+    f32 = np.dtype(np.float32)
+    n: Dim = batch if batch is not None else "N"
+    nodes = [
+        _node("Mul", ["state", "gain"], ["scaled"]),
+        _node("Add", ["scaled", "x"], ["stateN"]),
+        _node("ReduceMean", ["stateN"], ["y"], _attr_ints("axes", [0]), _attr_int("keepdims", 0)),
+    ]
+    data = _model(
+        nodes,
+        [],
+        [
+            _value_info("x", f32, [n, hidden]),
+            _value_info("state", f32, [2, n, hidden]),
+            _value_info("gain", f32, []),
+        ],
+        [_value_info("y", f32, [n, hidden]), _value_info("stateN", f32, [2, n, hidden])],
+        "stateful",
+    )
+    out = Path(path)
+    out.write_bytes(data)
+    return out
