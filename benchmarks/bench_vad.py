@@ -6,7 +6,8 @@ Sides, interleaved (A B C ...) after a warm-up round, on the same files:
   ideal_1thread the ideal hand-written loop (recipes/vad/ideal.py): one session.run per step
                 over every live file, state pool gathered/scattered with numpy; 1 thread
   ideal_2thread the same loop with 2 intra-op threads (the machine's cores)
-  inferchain    joins here once the core runs sequences (recipes/vad/pipeline.py)
+  inferchain    the recipe (recipes/vad): one sequence per file, steps of many files
+                batched together (`oi.run(audios)`), the same one-thread session options
 Targets: inferchain >= 3x the package, within 1.3x of the ideal loop. Every side's segments
 must be identical to the package's.
 Run: `python benchmarks/bench_vad.py [--quick]`; writes benchmarks/results/bench_vad.json.
@@ -57,10 +58,20 @@ def main() -> None:
 
         return run
 
+    import inferchain as ic
+
+    oi = ic.OfflineInference(ic.load_recipe(RECIPE)).init()
+
+    def recipe() -> None:
+        outputs["inferchain"] = list(oi.run(audios))
+
     sides = {"package": timed(package)} | {name: timed(loop(name)) for name in sessions}
-    # inferchain: add `"inferchain": timed(lambda: list(oi.run(audios)))` here once the core
-    # runs sequences (recipes/vad/recipe.yaml), with the same one-thread session options.
-    samples_s = interleave(sides, rounds)
+    sides["inferchain"] = timed(recipe)
+    try:
+        samples_s = interleave(sides, rounds)
+        steps = oi.stats().models["vad"]
+    finally:
+        oi.close()
     identical = {name: out == outputs["package"] for name, out in outputs.items()}
     secs = {k: median(v) for k, v in samples_s.items()}
     base = secs["package"]
@@ -96,7 +107,8 @@ def main() -> None:
             "segments_identical": identical,
             "mean_chunk_us": {k: 1e6 * v / chunks for k, v in secs.items()},
             "targets": {"vs_package": ">= 3x", "vs_ideal": "within 1.3x"},
-            "inferchain": "not yet: needs the core's sequences",
+            "inferchain_vs_ideal_1thread": secs["inferchain"] / secs["ideal_1thread"],
+            "rows_per_step_batch": steps.mean_batch_size,
         },
     )
     print(f"wrote {path}")

@@ -58,6 +58,10 @@ class Layout:
         where = f"model {model.name!r}"
         declared_in = {n: (c.batch_axis if c.batched else None) for n, c in model.inputs.items()}
         declared_out = {n: c.batch_axis for n, c in model.outputs.items()}
+        for out, name in model.state.items():  # a carried output has its input's batch axis
+            carried = model.inputs.get(name)
+            if out not in declared_out and carried is not None and carried.batched:
+                declared_out[out] = carried.batch_axis
         in_axes = _axes(where, "inputs", declared_in, inputs)
         out_axes = _axes(where, "outputs", declared_out, outputs)
         if model.max_batch_size == 0:

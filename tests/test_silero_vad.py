@@ -105,7 +105,7 @@ def test_rows_with_another_sr_never_share_a_batch_and_are_right(
     with ic.OfflineInference(vad_recipe(max_batch_size=64)) as oi:
         gate = oi.submit_many("vad", chunks(64 * 64, seed=2))  # 64 batches of 64 rows
         requests = oi.submit_many("vad", items, depends_on=[gate[-1]])
-        assert not gate[-1].done, "the gate ended before the rows were queued"
+        assert not gate[-1].done(), "the gate ended before the rows were queued"
         got = [r.result(timeout=60) for r in requests]
         sizes = oi.stats().models["vad"].batch_sizes
     assert_rows_equal(got, expected)

@@ -134,3 +134,37 @@ def test_an_empty_file_has_no_segments(tmp_path: Path, session: Any) -> None:
         [],
         [],
     ]
+
+
+def test_the_recipe_gives_the_package_segments(
+    audios: list[np.ndarray], package_model: Any
+) -> None:
+    import inferchain as ic
+
+    expected = ideal.package_segments(audios, package_model)
+    with ic.OfflineInference(ic.load_recipe(RECIPE)) as oi:
+        got = list(oi.run(audios))
+        sizes = oi.stats().models["vad"].batch_sizes
+    assert got == expected
+    assert max(sizes) > 1  # the steps of several files shared batches
+
+
+def test_the_recipe_runs_from_the_command_line(samples: list[Path], tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for p in samples[:3]:
+        (folder / p.name).write_bytes(p.read_bytes())
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "inferchain.cli", "run", str(RECIPE), "--input", str(folder)]
+    done = subprocess.run([*cmd, "--output", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    model = sv.load_silero_vad()
+    for line in lines:
+        audio = vad.read_wav(folder / Path(line["file"]).name)
+        assert line["segments"] == sv.get_speech_timestamps(audio, model, sampling_rate=16000)
+    assert len(lines) == 3

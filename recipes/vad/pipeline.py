@@ -1,7 +1,7 @@
 """VAD recipe: each file's 512-sample chunks are steps of one sequence of the `vad` model.
 
-Written against the sequence API proposed in docs/sequences.md (`self.oi.sequence`); the
-numpy logic it uses (`vad.py`) is the one the ideal loop and the tests run today.
+The state stays in the model's sequence slots (`self.oi.sequence`, docs/sequences.md); the
+numpy logic (`vad.py`) is the one the ideal loop uses too.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class VadPipeline(Pipeline):
     def process(self, item: np.ndarray) -> Process:
         inputs = chunk_inputs(item)
         probs = np.empty(len(inputs), dtype=np.float32)
-        with self.oi.sequence("vad") as seq:  # type: ignore[attr-defined]
+        with self.oi.sequence("vad") as seq:
             for k, x in enumerate(inputs):
                 out = yield seq.step({"input": x, "sr": SR})
                 probs[k] = out["output"][0]
