@@ -170,19 +170,24 @@ class InputSpec:
     def _convert(value: Any, dtype: np.dtype[Any], shape: Sequence[Dim], where: str) -> np.ndarray:
         """A value that is not an ndarray (a list, a number) as an array of `dtype`; None,
         strings and anything numpy reads as objects or text are refused."""
-        expected = f"expected an array of {dtype.name} of shape {_fmt(shape)}"
+        if isinstance(value, np.generic) and value.dtype == dtype:
+            return np.asarray(value)  # a numpy scalar of the right type (e.g. np.int64(16000))
+
+        def expected() -> str:  # only formatted for an error
+            return f"{where}: expected an array of {dtype.name} of shape {_fmt(shape)}"
+
         if value is None or isinstance(value, str | bytes):
-            raise InvalidInput(f"{where}: {expected}, got {_given(value)}")
+            raise InvalidInput(f"{expected()}, got {_given(value)}")
         try:
             raw = np.asarray(value)
             if raw.dtype.kind in "OSUV":
                 raise InvalidInput(
-                    f"{where}: {expected}, got {_given(value)} that numpy reads as "
+                    f"{expected()}, got {_given(value)} that numpy reads as "
                     f"{raw.dtype.name} (not numbers)"
                 )
             return np.asarray(raw, dtype=dtype)
         except (TypeError, ValueError) as e:
-            raise InvalidInput(f"{where}: {expected}, got {_given(value)}: {e}") from None
+            raise InvalidInput(f"{expected()}, got {_given(value)}: {e}") from None
 
 
 def _axis_hint(t: TensorDesc, axis: int | None) -> str:

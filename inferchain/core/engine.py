@@ -61,6 +61,7 @@ class _Model:
         self.workers = workers
         self.crops = shapes.crops
         self.fail_fast = config.health.while_unhealthy == "fail"
+        self.pool = workers[0].pool if workers else None  # a stateful model's sequences
         # Streams of each worker that hold no batch (the engine is their one writer). A
         # worker with one stream takes several batches at once on it, as many as run in
         # about QUEUE_S (at least 2): the next ones wait in its queue while one runs, so
@@ -410,6 +411,10 @@ class ExecutionEngine:
             return float("inf")
         all_idle = all(model.idle(w) for w in healthy)
         batcher = model.batcher
+        if all_idle and model.pool is not None and batcher.num_ready < model.pool.num_live:
+            # the other live sequences' next steps are on their way: give them the batching
+            # window to join, so the steps of all sequences run as one batch
+            all_idle = False
         while batcher.groups:
             worker = max(healthy, key=lambda w: room[w.index])  # the least loaded first
             if room[worker.index] <= 0:

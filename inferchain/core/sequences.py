@@ -51,6 +51,11 @@ class StatePool:
     def num_free(self) -> int:
         return len(self._free)
 
+    @property
+    def num_live(self) -> int:
+        """Sequences open now (each may have a step on its way)."""
+        return self.size - len(self._free)
+
     def acquire(self, initial: dict[str, np.ndarray], timeout: float | None = None) -> int:
         """A free slot, set to `initial` (carried input name -> item array) and zeros for
         the rest; waits up to `timeout` seconds for one (`QueueFull` after that)."""

@@ -15,7 +15,7 @@ from inferchain.pipeline import Pipeline, Process
 
 from .vad import SAMPLING_RATE, chunk_inputs, read_wav, speech_segments
 
-SR = np.int64(SAMPLING_RATE)
+SR = np.array(SAMPLING_RATE, np.int64)  # a 0-d array: the exact-type fast path
 
 
 class VadPipeline(Pipeline):
