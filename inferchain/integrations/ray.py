@@ -32,7 +32,7 @@ import numpy as np
 
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError, InferchainError, InvalidInput
-from inferchain.logs import get_logger
+from inferchain.logs import configure_output, get_logger
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process
 from inferchain.results import ResultsFile, input_key
@@ -99,7 +99,7 @@ class RecipePredictor:
         log_level: str | None = None,
     ) -> None:
         if log_level is not None:
-            _configure_logging(log_level)
+            configure_output(log_level)
         self.inputs = [inputs] if isinstance(inputs, str) else inputs
         self.passthrough = tuple(passthrough)
         self.max_in_flight = max_in_flight
@@ -185,12 +185,6 @@ class _FilePipeline(Pipeline):
 
     def to_record(self, result: Any) -> dict[str, Any]:
         return self.inner.to_record(result)
-
-
-def _configure_logging(level: str) -> None:
-    from inferchain.cli import configure_logging
-
-    configure_logging(level, "auto")
 
 
 def _recipe(recipe: Recipe | str | Path, overrides: Mapping[str, Any] | None) -> Recipe:

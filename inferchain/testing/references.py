@@ -28,11 +28,11 @@ import attrs
 import numpy as np
 import structlog
 
-from inferchain.compare import OutputDiff, diff_output
 from inferchain.config import load_recipe
 from inferchain.errors import ConfigError, InferchainError, InvalidInput
 from inferchain.offline import OfflineInference
-from inferchain.table import render
+from inferchain.tools.compare import OutputDiff, diff_output
+from inferchain.tools.table import render
 
 REPO = Path(__file__).resolve().parents[2]  # a source checkout (the files live in the repo)
 RECIPES = REPO / "recipes"

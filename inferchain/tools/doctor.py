@@ -22,7 +22,7 @@ import numpy as np
 
 from inferchain.backends.probe import RuntimeProbe, probe_acl, probe_onnxruntime
 from inferchain.config import Recipe
-from inferchain.table import render
+from inferchain.tools.table import render
 
 ASCEND = Path("/usr/local/Ascend")  # CANN's default install root
 NPU_SMI = "npu-smi"

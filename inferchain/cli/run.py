@@ -14,13 +14,13 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-from inferchain.commands import positive_int
+from inferchain.cli.options import positive_int
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process
-from inferchain.progress import Progress
 from inferchain.results import RESULTS, Mode, ResultsFile, input_key
+from inferchain.tools.progress import Progress
 
 DESCRIPTION = (
     f"Run a recipe's pipeline over input files and write {RESULTS} in the output folder: one "

@@ -10,8 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from inferchain.compare import BACKENDS, DEFAULT_ATOL, DEFAULT_RTOL, compare_models
-from inferchain.feeds import DEFAULT_BATCH, DYNAMIC_DIM
+from inferchain.tools.compare import BACKENDS, DEFAULT_ATOL, DEFAULT_RTOL, compare_models
+from inferchain.tools.feeds import DEFAULT_BATCH, DYNAMIC_DIM
 
 FAKE_ACL_HELP = (
     "test aid, not for real checks: run acl models with inferchain.testing.fake_acl.FakeAcl "

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from inferchain.info import describe_recipe, format_reports, recipe_for
+from inferchain.tools.info import describe_recipe, format_reports, recipe_for
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:

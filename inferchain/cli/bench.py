@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inferchain.bench import DYNAMIC_DIM, BenchReport, Source, run_bench
-from inferchain.commands import positive_int
+from inferchain.cli.options import positive_int
 from inferchain.config import load_recipe
 from inferchain.metrics import ModelStats, Percentiles
-from inferchain.progress import Progress
-from inferchain.table import render
+from inferchain.tools.bench import DYNAMIC_DIM, BenchReport, Source, run_bench
+from inferchain.tools.progress import Progress
+from inferchain.tools.table import render
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -74,12 +74,12 @@ def write_outputs(report: BenchReport, args: argparse.Namespace) -> None:
         args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
         print(f"figures in {args.json}", file=sys.stderr)
     if args.trace:
-        from inferchain.trace import write_trace
+        from inferchain.tools.trace import write_trace
 
         write_trace(args.trace, report.timeline, process=report.recipe, workers=report.workers)
         print(f"trace in {args.trace} (open at ui.perfetto.dev)", file=sys.stderr)
     if args.plot:
-        from inferchain.plot import plot_timeline
+        from inferchain.tools.plot import plot_timeline
 
         plot_timeline(
             args.plot,

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from inferchain.config import load_recipe
-from inferchain.doctor import diagnose, exit_status, format_checks
+from inferchain.tools.doctor import diagnose, exit_status, format_checks
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
