@@ -20,12 +20,12 @@ from inferchain.pipeline import PipelineDriver
 from inferchain.testing.fake_acl import FakeAcl
 from inferchain.testing.models import write_image_model, write_mlp, write_mlp64
 from inferchain.tools.bench import (
-    DYNAMIC_DIM,
     TimedPipeline,
     bench,
     run_bench,
     synthetic_items,
 )
+from inferchain.tools.feeds import DYNAMIC_DIM
 from inferchain.tools.plot import plot_timeline
 from inferchain.tools.progress import Progress
 

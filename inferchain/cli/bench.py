@@ -11,7 +11,8 @@ from typing import Any
 from inferchain.cli.options import positive_int
 from inferchain.config import load_recipe
 from inferchain.metrics import ModelStats, Percentiles
-from inferchain.tools.bench import DYNAMIC_DIM, BenchReport, Source, run_bench
+from inferchain.tools.bench import BenchReport, Source, run_bench
+from inferchain.tools.feeds import DYNAMIC_DIM
 from inferchain.tools.progress import Progress
 from inferchain.tools.table import render
 

@@ -1,11 +1,10 @@
 """Benchmarks without writing code: drive a recipe's models and report what `oi.stats()` keeps.
 
 Two sources of work:
-- synthetic (default): per model, random items made from `oi.model_info(name)`: floats
-  uniform in [0, 1), integers uniform in [0, min(dtype max, 255)], booleans at random; a
-  dynamic dim other than the batch dim gets `DYNAMIC_DIM` (32). Each model gets `requests`
-  items, all models at once (one feeder thread per model), at most twice the model's slots in
-  flight.
+- synthetic (default): per model, random items made from `oi.model_info(name)` by
+  `inferchain.tools.feeds.random_array` (its values; a dynamic dim other than the batch dim
+  gets `DYNAMIC_DIM`, 32). Each model gets `requests` items, all models at once (one feeder
+  thread per model), at most twice the model's slots in flight.
 - pipeline: the recipe's own inputs through its pipeline, `requests` items (the inputs
   repeated as needed); the pipeline's own steps are timed as the `pre` and `post` stages.
 
@@ -31,8 +30,8 @@ from inferchain.metrics import BatchTiming, Percentiles, Stats
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process, Step
 from inferchain.tensors import ModelInfo, TensorDesc
+from inferchain.tools.feeds import DYNAMIC_DIM, random_array
 
-DYNAMIC_DIM = 32  # synthetic size of a dynamic dim (not the batch dim)
 POOL = 64  # distinct synthetic items per model, cycled through
 Source = Literal["synthetic", "pipeline"]
 Inputs = dict[str, dict[str, list[int]]]  # model -> input -> synthetic item shape
@@ -107,20 +106,6 @@ def synthetic_shape(
     return tuple(dynamic_dim if d is None else d for d in dims)
 
 
-def random_array(
-    shape: tuple[int, ...], dtype: np.dtype[Any], rng: np.random.Generator
-) -> np.ndarray:
-    """Random values of `dtype` (see the module docstring for the ranges)."""
-    if dtype.kind == "f":
-        return rng.random(shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(dtype)
-    if dtype.kind in "iu":
-        high = min(int(np.iinfo(dtype).max), 255)
-        return rng.integers(0, high, shape, dtype=dtype, endpoint=True)
-    return np.zeros(shape, dtype)
-
-
 def synthetic_items(
     info: ModelInfo,
     count: int = POOL,
@@ -138,7 +123,9 @@ def synthetic_items(
         synthetic_shape(t, batching, dynamic_dim, a) for t, a in zip(info.inputs, axes, strict=True)
     ]
     return [
-        tuple(random_array(s, t.dtype, rng) for s, t in zip(shapes, info.inputs, strict=True))
+        tuple(
+            random_array(s, t.dtype, rng, t.name) for s, t in zip(shapes, info.inputs, strict=True)
+        )
         for _ in range(count)
     ]
 
