@@ -1,4 +1,4 @@
-"""`inferchain compare`: precision of a converted model against its original (R24)."""
+"""`inferchain compare`: precision of a converted model against its original."""
 
 from __future__ import annotations
 

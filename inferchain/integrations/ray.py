@@ -31,7 +31,7 @@ from typing import Any, Literal, Self
 import numpy as np
 
 from inferchain.config import Recipe, load_recipe
-from inferchain.errors import ConfigError, InferchainError, InvalidInput
+from inferchain.errors import Closed, ConfigError, InvalidInput, MissingDependency
 from inferchain.logs import configure_output, get_logger
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process
@@ -46,7 +46,7 @@ PASSTHROUGH = ("id", PATH)  # copied from the input batch to the output when pre
 OnError = Literal["raise", "return"]
 
 
-class RayNotInstalled(InferchainError, ImportError):
+class RayNotInstalled(MissingDependency):
     """Ray Data is not installed: `pip install 'inferchain[ray]'`."""
 
 
@@ -142,7 +142,7 @@ class RecipePredictor:
 
     def _running(self) -> OfflineInference:
         if self._oi is None:
-            raise InferchainError("RecipePredictor is closed")
+            raise Closed("RecipePredictor is closed")
         return self._oi
 
     def close(self) -> None:

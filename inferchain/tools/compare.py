@@ -1,4 +1,4 @@
-"""Precision comparison of two models on the same inputs (R24: check a converted model).
+"""Precision comparison of two models on the same inputs: a converted model against its original.
 
 A converted model (an fp16 export, an `.om` from ATC, a re-exported graph) runs beside its
 original on the same inputs (`inferchain.tools.feeds`: random within the first model's input

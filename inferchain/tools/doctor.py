@@ -1,4 +1,4 @@
-"""The environment check (R23): runtimes, providers, CANN, driver, firmware and NPUs.
+"""The environment check: runtimes, providers, CANN, driver, firmware and NPUs.
 
 `diagnose(recipe)` returns one `Check` per item, OK / WARN / MISSING / FAIL. MISSING is
 information (an Ascend toolkit is not needed on a CPU machine); FAIL means the given recipe
