@@ -18,7 +18,7 @@ from inferchain.backends.base import make_backend
 from inferchain.config import ModelConfig, Recipe
 from inferchain.errors import BackendError, LoadError
 from inferchain.testing.fake_acl import FakeAcl
-from inferchain.testing.models import write_image_model, write_mlp
+from inferchain.testing.onnx_models import write_image_model, write_mlp
 
 T = TypeVar("T")
 ORIENTATION = Path(

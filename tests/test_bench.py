@@ -18,7 +18,7 @@ from inferchain.cli import main
 from inferchain.errors import InferchainError
 from inferchain.pipeline import PipelineDriver
 from inferchain.testing.fake_acl import FakeAcl
-from inferchain.testing.models import write_image_model, write_mlp, write_mlp64
+from inferchain.testing.onnx_models import write_image_model, write_mlp, write_mlp64
 from inferchain.tools.bench import (
     TimedPipeline,
     bench,

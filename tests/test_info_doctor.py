@@ -14,7 +14,7 @@ import inferchain as ic
 from inferchain.backends.probe import RuntimeProbe
 from inferchain.cli import main
 from inferchain.testing.fake_acl import FakeAcl
-from inferchain.testing.models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64
 from inferchain.tools import doctor
 from inferchain.tools.doctor import Status, read_version
 from inferchain.tools.info import describe_recipe, recipe_for

@@ -28,7 +28,7 @@ import inferchain.core.engine as engine_module
 from inferchain import RequestState as S
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.testing.faults import FaultyBackend
-from inferchain.testing.models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64
 
 
 def faulty(r: ic.Recipe, **faults: Any) -> tuple[ic.OfflineInference, FaultyBackend]:
