@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inferchain.cli.options import positive_int
+from inferchain.cli.options import add_command, positive_int
 from inferchain.config import load_recipe
 from inferchain.metrics import ModelStats, Percentiles
 from inferchain.tools.bench import BenchReport, Source, run_bench
@@ -18,8 +18,8 @@ from inferchain.tools.table import render
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    bench = sub.add_parser(
-        "bench", parents=parents, help="benchmark a recipe's models (synthetic inputs)"
+    bench = add_command(
+        sub, parents, "bench", cmd_bench, help="benchmark a recipe's models (synthetic inputs)"
     )
     bench.add_argument("recipe", help="recipe folder or its YAML file")
     bench.add_argument(
@@ -47,7 +47,6 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     bench.add_argument(
         "--plot", type=Path, metavar="FILE", help="write latency/throughput/occupancy (PNG)"
     )
-    bench.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-from inferchain.cli.options import positive_int
+from inferchain.cli.options import add_command, positive_int
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
@@ -31,9 +31,11 @@ DESCRIPTION = (
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    run = sub.add_parser(
+    run = add_command(
+        sub,
+        parents,
         "run",
-        parents=parents,
+        cmd_run,
         help="run a recipe's pipeline over its inputs",
         description=DESCRIPTION,
     )
@@ -60,7 +62,6 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     run.add_argument(
         "--concurrency", type=positive_int, default=1, help="with --ray: actors (default 1)"
     )
-    run.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -25,11 +25,11 @@ import os
 import time
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import numpy as np
 
+from inferchain.closing import Closing
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import Closed, ConfigError, InvalidInput, MissingDependency
 from inferchain.logs import configure_output, get_logger
@@ -63,7 +63,7 @@ def require_ray() -> Any:
     return ray
 
 
-class RecipePredictor:
+class RecipePredictor(Closing):
     """A callable class for `Dataset.map_batches`: one OfflineInference per Ray actor.
 
     `__init__` loads the recipe and starts its OfflineInference (models loaded once per
@@ -154,17 +154,6 @@ class RecipePredictor:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class _FilePipeline(Pipeline):
