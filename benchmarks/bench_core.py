@@ -29,7 +29,7 @@ from common import interleave, median, table, timed, write_results
 
 import inferchain as ic
 from inferchain.config import Recipe
-from inferchain.testing.models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64
 
 THREADS = 1  # intra-op threads, the same for every side
 

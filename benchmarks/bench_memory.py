@@ -23,7 +23,7 @@ from common import table, write_results
 import inferchain as ic
 from inferchain.config import Recipe
 from inferchain.testing.fake_acl import FakeAcl
-from inferchain.testing.models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64
 from inferchain.testing.soak import rss_bytes
 
 

@@ -5,7 +5,11 @@ InferchainError
 ├── InvalidInput         an input does not match the model (names input, expected, actual)
 ├── InvalidTransition    an illegal Request state change (a bug, never user input)
 ├── QueueFull            submit(block=False) found the waiting queue full
-├── Closed               the OfflineInference is closed or was never initialised
+├── Closed               the OfflineInference (or a Ray predictor) is closed or not initialised
+├── MissingDependency    an optional package is not installed (names the extra)
+│   └── RayNotInstalled  (inferchain.integrations.ray) `ray[data]` is missing
+├── LoadError            start-up failed: a device runtime or a model could not be loaded or
+│                        initialised (the runtime's numeric code and name when it gave one)
 └── RequestError         a request ended without outputs
     ├── BackendError     the device runtime failed (numeric code and name)
     ├── RequestTimeout   the deadline passed before the request ran
@@ -39,15 +43,15 @@ class QueueFull(InferchainError):
 
 
 class Closed(InferchainError):
-    """The OfflineInference is not initialised or has been closed."""
+    """The OfflineInference (or a Ray predictor) is not initialised or has been closed."""
 
 
-class RequestError(InferchainError):
-    """A request ended without outputs."""
+class MissingDependency(InferchainError, ImportError):
+    """An optional package is not installed; the message names the extra that brings it."""
 
 
-class BackendError(RequestError):
-    """The device runtime failed.
+class _RuntimeCoded(InferchainError):
+    """An error that carries the device runtime's own code.
 
     `code` is the backend's numeric code (None when the runtime gives none) and `name` its
     symbolic name, e.g. ``207001`` / ``"ACL_ERROR_RT_MEMORY_ALLOCATION"``.
@@ -57,6 +61,28 @@ class BackendError(RequestError):
         super().__init__(message)
         self.code = code
         self.name = name
+
+
+class LoadError(_RuntimeCoded):
+    """Start-up failed: the device runtime or a model could not be loaded or initialised
+    (`init()`, a backend's `load`). `code` and `name` as on `BackendError`."""
+
+    @classmethod
+    def from_backend(cls, error: BackendError) -> LoadError:
+        """The same failure, met while starting up rather than while running a batch."""
+        return cls(str(error), code=error.code, name=error.name)
+
+
+class RequestError(InferchainError):
+    """A request ended without outputs."""
+
+
+class BackendError(_RuntimeCoded, RequestError):
+    """The device runtime failed while running a batch (the requests in it end with this).
+
+    `code` is the backend's numeric code (None when the runtime gives none) and `name` its
+    symbolic name, e.g. ``207001`` / ``"ACL_ERROR_RT_MEMORY_ALLOCATION"``.
+    """
 
 
 class RequestTimeout(RequestError):

@@ -98,13 +98,7 @@ class InputSpec:
                 f"{where}: expected rows of shape {_fmt(shape)}, got an array of "
                 f"{block.shape[0] if block.ndim else 0} rows of shape {_fmt(block.shape[1:])}"
             )
-        if block.dtype != dtype:
-            if not np.can_cast(block.dtype, dtype, "safe"):
-                raise InvalidInput(
-                    f"{where}: expected dtype {dtype.name}, got {block.dtype.name} "
-                    "(only safe casts are applied)"
-                )
-            block = block.astype(dtype)
+        block = _safe_cast(block, dtype, where)
         if self.reject_nonfinite and block.dtype.kind in "fc" and not np.isfinite(block).all():
             raise InvalidInput(
                 f"{where}: NaN or infinite values (the model's nonfinite policy is reject)"
@@ -148,14 +142,7 @@ class InputSpec:
         name, dtype, shape = self.names[i], self.dtypes[i], self.shapes[i]
         where = f"model {self.model!r} input {name!r}"
         if isinstance(value, np.ndarray):
-            array = value
-            if array.dtype != dtype:
-                if not np.can_cast(array.dtype, dtype, "safe"):
-                    raise InvalidInput(
-                        f"{where}: expected dtype {dtype.name}, got {array.dtype.name} "
-                        "(only safe casts are applied)"
-                    )
-                array = array.astype(dtype)
+            array = _safe_cast(value, dtype, where)
         else:
             array = self._convert(value, dtype, shape, where)
         if array.ndim != len(shape) or any(
@@ -251,3 +238,15 @@ def stack(items: Sequence[Item], shared: Sequence[int] = ()) -> Item:
         np.broadcast_to(column[0], (n, *column[0].shape)) if i in shared else np.stack(column)
         for i, column in enumerate(zip(*items, strict=True))
     )
+
+
+def _safe_cast(array: np.ndarray, dtype: np.dtype[Any], where: str) -> np.ndarray:
+    """`array` as `dtype` where numpy calls the cast safe; InvalidInput naming `where` else."""
+    if array.dtype == dtype:
+        return array
+    if not np.can_cast(array.dtype, dtype, "safe"):
+        raise InvalidInput(
+            f"{where}: expected dtype {dtype.name}, got {array.dtype.name} "
+            "(only safe casts are applied)"
+        )
+    return array.astype(dtype)

@@ -5,12 +5,16 @@ A library never configures output. `get_logger(__name__)` follows the applicatio
 `logging` logger of the same name, whose default (no handlers configured) shows WARNING and
 above on stderr and nothing below. `logging.basicConfig(level=logging.INFO)` in the
 application shows the info events too.
+
+`configure_output` is for the applications (the command line, each Ray actor): the one
+place that calls `structlog.configure`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -75,3 +79,31 @@ class LibraryLogger:
 def get_logger(name: str) -> Any:
     """The logger for module `name` (see the module docstring)."""
     return LibraryLogger(name)
+
+
+def _stderr_logger(*args: object) -> structlog.PrintLogger:
+    """A logger on whatever `sys.stderr` is at the time (it may be replaced, e.g. in tests)."""
+    return structlog.PrintLogger(sys.stderr)
+
+
+def configure_output(level: str, fmt: str = "auto") -> None:
+    """For applications (the command line, a Ray actor), never the library itself: structlog
+    to stderr at `level` and up, console lines on a TTY and JSON otherwise (`fmt` "auto"), or
+    as asked ("console", "json")."""
+    if fmt == "auto":
+        fmt = "console" if sys.stderr.isatty() else "json"
+    renderer: structlog.typing.Processor = (
+        structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=_stderr_logger,
+        cache_logger_on_first_use=False,
+    )

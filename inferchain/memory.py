@@ -1,4 +1,4 @@
-"""The memory budget table (R21): model size, buffers for the max batch, instances, budget.
+"""The memory budget table: model size, buffers for the max batch, instances, budget.
 
 `memory_budget_mb` of a model covers its static memory (model file and pre-allocated batch
 buffers, one set per stream, per instance) plus the input bytes of its admitted (READY or

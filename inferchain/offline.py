@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal, Self, overload
 
 import numpy as np
@@ -140,13 +139,9 @@ class OfflineInference:
     def __enter__(self) -> Self:
         return self.init()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close(drain_timeout=0.0 if exc is not None else None)
+    def __exit__(self, *exc_info: object) -> None:
+        """`close()`; after an exception in the block without waiting for work in flight."""
+        self.close(drain_timeout=0.0 if exc_info[1] is not None else None)
 
     # -- submission -----------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal, Self, TextIO
 
+from inferchain.closing import Closing
 from inferchain.errors import ConfigError
 
 RESULTS = "results.jsonl"
@@ -25,7 +25,7 @@ def input_key(file: str | Path) -> str:
     return str(Path(file).resolve())
 
 
-class ResultsFile:
+class ResultsFile(Closing):
     """`results.jsonl` in an output folder, opened in one of three modes.
 
     - `new`: the file must not exist yet (or be empty): an earlier run's results are kept;
@@ -97,14 +97,6 @@ class ResultsFile:
 
     def __enter__(self) -> Self:
         return self.open()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _parse(line: str) -> dict[str, Any] | None:

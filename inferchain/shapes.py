@@ -1,4 +1,4 @@
-"""Shape strategies (R26): which batch a request joins, and padding into shape buckets.
+"""Shape strategies: which batch a request joins, and padding into shape buckets.
 
 - `dynamic`: run items as they are; only identical shapes share a batch.
 - `fixed`: pad every item to one shape (the model's static shape, or the one bucket given).

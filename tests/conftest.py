@@ -15,7 +15,7 @@ import structlog
 from hypothesis import HealthCheck, settings
 
 from inferchain.config import Recipe
-from inferchain.testing.models import write_mlp, write_mlp64
+from inferchain.testing.onnx_models import write_mlp, write_mlp64
 
 # The application configures logging, not the library: tests log warnings and up to stderr.
 structlog.configure(

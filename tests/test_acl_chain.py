@@ -110,7 +110,7 @@ def test_injected_oom_at_load_is_a_clear_init_error(mlp_path: Path, no_thread_le
     fake = FakeAcl(static_batch=8)
     fake.inject("rt.malloc", 207001, nth=2)
     oi = ic.OfflineInference(acl_recipe(mlp_path), acl_module=fake)
-    with pytest.raises(ic.BackendError, match="ACL_ERROR_RT_MEMORY_ALLOCATION") as e:
+    with pytest.raises(ic.LoadError, match="ACL_ERROR_RT_MEMORY_ALLOCATION") as e:
         oi.init()
     assert e.value.code == 207001
     assert all(v == 0 for v in fake.live_handles().values()), fake.live_handles()

@@ -19,6 +19,7 @@ def test_public_names() -> None:
         "ConfigError",
         "InvalidInput",
         "BackendError",
+        "LoadError",
         "RequestTimeout",
         "RequestCancelled",
         "QueueFull",
@@ -37,6 +38,25 @@ def test_public_names() -> None:
         "CANCELLED",
         "TIMED_OUT",
     ]
+
+
+def test_every_error_sits_in_the_documented_tree() -> None:
+    """Start-up failures are not request errors; a batch's runtime failure is one."""
+    import inferchain.errors as errors
+    from inferchain.integrations.ray import RayNotInstalled
+
+    assert issubclass(ic.LoadError, ic.InferchainError)
+    assert not issubclass(ic.LoadError, ic.RequestError)
+    assert issubclass(ic.BackendError, ic.RequestError)
+    assert issubclass(RayNotInstalled, errors.MissingDependency)
+    assert issubclass(errors.MissingDependency, ImportError)
+    tree = errors.__doc__ or ""
+    public = [n for n, v in vars(errors).items() if isinstance(v, type) and not n.startswith("_")]
+    for name in [*public, "RayNotInstalled"]:
+        if issubclass(getattr(errors, name, RayNotInstalled), Exception):
+            assert name in tree, f"{name} is missing from the tree in inferchain/errors.py"
+    error = ic.LoadError.from_backend(ic.BackendError("boom", code=7, name="X"))
+    assert (str(error), error.code, error.name) == ("boom", 7, "X")
 
 
 def test_errors_share_one_root() -> None:

@@ -16,9 +16,9 @@ import pytest
 from inferchain.backends.acl import AclBackend, AclSession
 from inferchain.backends.base import make_backend
 from inferchain.config import ModelConfig, Recipe
-from inferchain.errors import BackendError
+from inferchain.errors import BackendError, LoadError
 from inferchain.testing.fake_acl import FakeAcl
-from inferchain.testing.models import write_image_model, write_mlp
+from inferchain.testing.onnx_models import write_image_model, write_mlp
 
 T = TypeVar("T")
 ORIENTATION = Path(
@@ -235,7 +235,7 @@ def test_backend_close_closes_sessions_left_open(mlp: str) -> None:
     backend.load(model, 0)
     backend.close()
     assert_clean(acl)
-    with pytest.raises(BackendError, match="closed"):
+    with pytest.raises(LoadError, match="closed"):
         backend.load(model, 0)
 
 
@@ -259,17 +259,17 @@ def test_runtime_initialised_by_someone_else_is_not_finalized(mlp: str) -> None:
     assert acl.initialized and acl.call_count("finalize") == 0
 
 
-def test_failing_init_is_a_backend_error(mlp: str) -> None:
+def test_failing_init_is_a_load_error(mlp: str) -> None:
     acl = FakeAcl()
     acl.inject("init", 500000)
-    with pytest.raises(BackendError) as raised:
+    with pytest.raises(LoadError) as raised:
         backend_for(acl, mlp)
     assert raised.value.code == 500000 and "acl.init" in str(raised.value)
 
 
 def test_missing_pyacl_names_cann(monkeypatch: pytest.MonkeyPatch, mlp: str) -> None:
     monkeypatch.setitem(sys.modules, "acl", None)  # import acl -> ImportError
-    with pytest.raises(BackendError, match=r"set_env\.sh"):
+    with pytest.raises(LoadError, match=r"set_env\.sh"):
         AclBackend(recipe(mlp))
 
 
@@ -305,7 +305,7 @@ def test_out_of_memory_at_load_releases_everything(mlp: str, worker: Any) -> Non
     acl = FakeAcl()
     backend, model = backend_for(acl, mlp)
     acl.inject("rt.malloc", 207001, nth=3)  # after two buffers were made
-    with pytest.raises(BackendError) as raised:
+    with pytest.raises(LoadError) as raised:
         worker(lambda: backend.load(model, 0))
     error = raised.value
     assert (error.code, error.name) == (207001, "ACL_ERROR_RT_MEMORY_ALLOCATION")
@@ -334,19 +334,19 @@ def test_any_load_failure_releases_what_was_made(mlp: str, call: str, nth: int) 
     acl = FakeAcl()
     backend, model = backend_for(acl, mlp)
     acl.inject(call, 500000, nth=nth)
-    with pytest.raises(BackendError, match=call.rsplit(".", 1)[-1]):
+    with pytest.raises(LoadError, match=call.rsplit(".", 1)[-1]):
         backend.load(model, 0)
     backend.close()
     assert_clean(acl)
     assert acl.errors == [(call, 500000)]
 
 
-def test_missing_model_file_is_a_backend_error(tmp_path: Path) -> None:
+def test_missing_model_file_is_a_load_error(tmp_path: Path) -> None:
     path = tmp_path / "model.om"
     path.write_bytes(b"garbage")
     acl = FakeAcl()
     backend, model = backend_for(acl, str(path))
-    with pytest.raises(BackendError) as raised:
+    with pytest.raises(LoadError) as raised:
         backend.load(model, 0)
     assert raised.value.name == "ACL_ERROR_INVALID_FILE"
     backend.close()

@@ -80,7 +80,7 @@ def test_session_options_mapping() -> None:
 def test_fixed_batch_model_is_padded(tmp_path: Path) -> None:
     import numpy as np
 
-    from inferchain.testing.models import write_mlp64
+    from inferchain.testing.onnx_models import write_mlp64
 
     path = write_mlp64(tmp_path / "fixed.onnx", batch=4)
     r = recipe({"name": "m", "path": str(path), "max_batch_size": 4})

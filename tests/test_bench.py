@@ -1,4 +1,4 @@
-"""`inferchain bench` and `inferchain.bench`: the JSON contract, plausible figures, stages."""
+"""`inferchain bench` and `inferchain.tools.bench`: the JSON contract, plausible figures, stages."""
 
 from __future__ import annotations
 
@@ -14,20 +14,20 @@ import pytest
 import structlog
 
 import inferchain as ic
-from inferchain.bench import (
-    DYNAMIC_DIM,
+from inferchain.cli import main
+from inferchain.errors import InferchainError
+from inferchain.pipeline import PipelineDriver
+from inferchain.testing.fake_acl import FakeAcl
+from inferchain.testing.onnx_models import write_image_model, write_mlp, write_mlp64
+from inferchain.tools.bench import (
     TimedPipeline,
     bench,
     run_bench,
     synthetic_items,
 )
-from inferchain.cli import main
-from inferchain.errors import InferchainError
-from inferchain.pipeline import PipelineDriver
-from inferchain.plot import plot_timeline
-from inferchain.progress import Progress
-from inferchain.testing.fake_acl import FakeAcl
-from inferchain.testing.models import write_image_model, write_mlp, write_mlp64
+from inferchain.tools.feeds import DYNAMIC_DIM
+from inferchain.tools.plot import plot_timeline
+from inferchain.tools.progress import Progress
 
 RECIPE = """\
 name: tiny

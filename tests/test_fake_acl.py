@@ -11,9 +11,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from inferchain.testing._fake_acl_model import CompiledModel, Gear
 from inferchain.testing.fake_acl import FakeAcl, FakeAclCrash, write_fake_om
-from inferchain.testing.models import write_mlp
+from inferchain.testing.fake_acl._model import CompiledModel, Gear
+from inferchain.testing.onnx_models import write_mlp
 
 HUGE_FIRST = 0
 H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4

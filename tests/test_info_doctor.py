@@ -11,13 +11,13 @@ import pytest
 import structlog
 
 import inferchain as ic
-from inferchain import doctor
 from inferchain.backends.probe import RuntimeProbe
 from inferchain.cli import main
-from inferchain.doctor import Status, read_version
-from inferchain.info import describe_recipe, recipe_for
 from inferchain.testing.fake_acl import FakeAcl
-from inferchain.testing.models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64
+from inferchain.tools import doctor
+from inferchain.tools.doctor import Status, read_version
+from inferchain.tools.info import describe_recipe, recipe_for
 
 CPU_ONLY = RuntimeProbe("onnxruntime", True, "1.0", "CPU", ("CPUExecutionProvider",))
 WITH_CUDA = RuntimeProbe(

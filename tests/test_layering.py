@@ -103,7 +103,7 @@ def test_the_checker_sees_every_kind_of_import_and_tells_module_level_from_local
 
 
 def test_every_layer_is_found() -> None:
-    for rel in ("cli.py", "core/scheduler.py", "backends/base.py", "integrations/ray.py"):
+    for rel in ("cli/__init__.py", "core/scheduler.py", "backends/base.py", "integrations/ray.py"):
         assert rel in MODULES
 
 
@@ -143,25 +143,12 @@ def test_the_scheduler_imports_only_records_config_errors_and_the_stdlib() -> No
     assert not bad, f"inferchain/core/scheduler.py imports {bad}"
 
 
-def _library_module(rel: str) -> object:
-    if rel == "integrations/ray.py":
-        reason = (
-            "inferchain/integrations/ray.py imports inferchain.cli.configure_logging (line 191)"
-        )
-        return pytest.param(rel, marks=pytest.mark.xfail(strict=True, reason=reason))
-    return rel
-
-
-LIBRARY = [_library_module(m) for m in MODULES if m != "cli.py" and not m.startswith("commands/")]
+LIBRARY = [m for m in MODULES if not m.startswith("cli/")]
 
 
 @pytest.mark.parametrize("rel", LIBRARY)
 def test_only_the_command_line_imports_the_command_line(rel: str) -> None:
-    bad = [
-        (line, name)
-        for line, name in imports(rel)
-        if within(name, "inferchain.cli", "inferchain.commands")
-    ]
+    bad = [(line, name) for line, name in imports(rel) if within(name, "inferchain.cli")]
     assert not bad, f"inferchain/{rel} imports {bad}"
 
 

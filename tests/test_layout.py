@@ -13,11 +13,11 @@ import pytest
 from conftest import recipe
 
 import inferchain as ic
-from inferchain.bench import synthetic_items
 from inferchain.config import ModelConfig
 from inferchain.layout import Layout, item_shape
 from inferchain.tensors import TensorDesc
-from inferchain.testing.models import write_stateful
+from inferchain.testing.onnx_models import write_stateful
+from inferchain.tools.bench import synthetic_items
 
 F32 = np.float32
 HIDDEN = 4

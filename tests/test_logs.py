@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inferchain.testing.models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64
 
 SCRIPT = """\
 import logging, sys

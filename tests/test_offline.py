@@ -239,7 +239,7 @@ def test_many_models_one_process(mlp_path: Path, two_io_path: Path) -> None:
 def test_init_failure_is_clear_and_leaves_nothing(tmp_path: Path, no_thread_leak: None) -> None:
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"not a model")
-    with pytest.raises(ic.BackendError, match="could not load model 'm'"):
+    with pytest.raises(ic.LoadError, match="could not load model 'm'"):
         ic.OfflineInference(recipe({"name": "m", "path": str(bad)})).init()
 
 

@@ -1,4 +1,4 @@
-"""Precision regression (R29): recipes' raw outputs against the references committed in
+"""Precision regression: recipes' raw outputs against the references committed in
 tests/references/ (refresh with `python -m inferchain.testing.references --update`)."""
 
 from __future__ import annotations

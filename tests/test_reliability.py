@@ -28,7 +28,7 @@ import inferchain.core.engine as engine_module
 from inferchain import RequestState as S
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.testing.faults import FaultyBackend
-from inferchain.testing.models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64
 
 
 def faulty(r: ic.Recipe, **faults: Any) -> tuple[ic.OfflineInference, FaultyBackend]:
@@ -110,7 +110,7 @@ def test_when_every_worker_died_requests_fail_fast(mlp_path: Path) -> None:
 
 def test_load_failure_is_an_init_error(mlp_path: Path, no_thread_leak: None) -> None:
     oi, _ = faulty(mlp(mlp_path, instances=2), fail_loads={2})
-    with pytest.raises(ic.BackendError, match="injected load failure"):
+    with pytest.raises(ic.LoadError, match="injected load failure"):
         oi.init()
 
 

@@ -16,7 +16,7 @@ import inferchain as ic
 from inferchain import RequestState as S
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.testing.faults import FaultyBackend
-from inferchain.testing.models import write_accumulator
+from inferchain.testing.onnx_models import write_accumulator
 
 W = 4  # the accumulator's width
 

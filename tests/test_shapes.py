@@ -15,7 +15,7 @@ import inferchain as ic
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.shapes import derive_buckets, fits, padding_waste, size, smallest_fit
 from inferchain.testing.faults import FaultyBackend
-from inferchain.testing.models import write_image_model
+from inferchain.testing.onnx_models import write_image_model
 
 BUCKETS = [((3, 8, 8),), ((3, 8, 16),), ((3, 16, 16),), ((3, 32, 32),)]
 keys = st.tuples(st.integers(1, 32), st.integers(1, 32)).map(lambda hw: ((3, *hw),))

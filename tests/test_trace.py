@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import inferchain as ic
-from inferchain.bench import bench
 from inferchain.metrics import BatchTiming
-from inferchain.trace import chrome_trace, write_trace
+from inferchain.tools.bench import bench
+from inferchain.tools.trace import chrome_trace, write_trace
 
 
 def timing(

@@ -33,7 +33,7 @@ from inferchain.backends.acl_api import (
 from inferchain.backends.acl_buffers import BufferSet, Launched, Slot, make_sets, set_bytes
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
-from inferchain.errors import BackendError
+from inferchain.errors import BackendError, LoadError
 from inferchain.logs import get_logger
 from inferchain.tensors import TensorDesc
 
@@ -562,7 +562,10 @@ class AclBackend(Backend):
     def __init__(self, recipe: Recipe, acl_module: object | None = None) -> None:
         self._recipe = recipe
         self._acl: Any = acl_module if acl_module is not None else import_acl()
-        _acquire_runtime(self._acl)
+        try:
+            _acquire_runtime(self._acl)
+        except BackendError as e:
+            raise LoadError.from_backend(e) from e
         self._lock = threading.Lock()
         self._closed = False
         self._sessions: set[AclSession] = set()  # open ones, so close() can release leftovers
@@ -576,8 +579,11 @@ class AclBackend(Backend):
         """Load one instance of `model` on `device`; call it on the worker's own thread."""
         with self._lock:
             if self._closed:
-                raise BackendError(f"{model.name}: the acl backend is closed")
-        session = AclSession.open(self._acl, model, device)
+                raise LoadError(f"{model.name}: the acl backend is closed")
+        try:
+            session = AclSession.open(self._acl, model, device)
+        except BackendError as e:
+            raise LoadError.from_backend(e) from e
         session._on_close.append(self._forget)
         with self._lock:
             self._sessions.add(session)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from inferchain.errors import BackendError
+from inferchain.errors import BackendError, LoadError
 
 ACL_SUCCESS = 0
 ACL_DEVICE, ACL_HOST = 0, 1  # rt.get_run_mode
@@ -95,18 +95,18 @@ def check(acl: Any, ret: int, what: str) -> None:
 
 
 def import_acl() -> Any:
-    """The real pyACL module, or a BackendError saying how to get it."""
+    """The real pyACL module, or a LoadError saying how to get it."""
     try:
         module = importlib.import_module("acl")
     except ImportError as e:
-        raise BackendError(
+        raise LoadError(
             f"pyACL (module 'acl', shipped with Huawei CANN) is not importable: {e}. Install the "
             f"CANN toolkit and run `{CANN_SETUP}` before starting Python. (The PyPI package "
             "named 'acl' is unrelated; do not pip install it.)",
             name="ACL_NOT_FOUND",
         ) from e
     if not all(hasattr(module, attr) for attr in ("rt", "mdl", "init")):
-        raise BackendError(
+        raise LoadError(
             f"the 'acl' module at {getattr(module, '__file__', '?')} is not pyACL (PyPI's 'acl' "
             f"is an unrelated package: pip uninstall acl, then `{CANN_SETUP}`)",
             name="ACL_NOT_FOUND",

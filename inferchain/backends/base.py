@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 
 import numpy as np
 
+from inferchain.closing import Closing
 from inferchain.config import ModelConfig, Recipe
 from inferchain.tensors import TensorDesc
 
 
-class Session(abc.ABC):
+class Session(Closing, abc.ABC):
     """One loaded model instance, used only from its ModelWorker's thread.
 
     `run` is synchronous from the caller's point of view: it returns after the device work is
@@ -69,17 +69,6 @@ class Session(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release everything the session holds, in the runtime's safe order."""
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class Backend(abc.ABC):

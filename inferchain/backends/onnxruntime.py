@@ -10,7 +10,7 @@ import onnxruntime as ort
 
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe, SessionOptions
-from inferchain.errors import BackendError, ConfigError
+from inferchain.errors import BackendError, ConfigError, LoadError
 from inferchain.layout import Layout
 from inferchain.logs import get_logger
 from inferchain.tensors import TensorDesc
@@ -168,7 +168,7 @@ class OnnxRuntimeBackend(Backend):
                 provider_options=self._provider_options,
             )
         except Exception as e:
-            raise BackendError(
+            raise LoadError(
                 f"onnxruntime could not load model {model.name!r} from {model.path}: {e}",
                 name=type(e).__name__,
             ) from e

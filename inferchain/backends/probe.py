@@ -10,7 +10,7 @@ import importlib
 
 import attrs
 
-from inferchain.errors import BackendError
+from inferchain.errors import LoadError
 
 
 @attrs.frozen
@@ -41,7 +41,7 @@ def probe_acl() -> RuntimeProbe:
 
     try:
         module = import_acl()
-    except BackendError as e:
+    except LoadError as e:
         reason = str(e).split(". ")[0]  # the first sentence; the rest is the remedy below
         return RuntimeProbe("pyACL", False, detail=f"{reason} (CANN: `{CANN_SETUP}`)")
     return RuntimeProbe("pyACL", True, detail=str(getattr(module, "__file__", "built-in")))

@@ -23,7 +23,7 @@ from inferchain.config import ModelConfig
 from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
 from inferchain.core.sequences import StatePool
-from inferchain.errors import BackendError, ConfigError, InferchainError
+from inferchain.errors import BackendError, ConfigError, InferchainError, LoadError
 from inferchain.layout import Layout
 from inferchain.logs import get_logger, log_safely
 from inferchain.shapes import ShapePolicy
@@ -53,6 +53,16 @@ class _InFlight:
 
 
 _RECOVER = object()  # a queue item: re-initialise the session (after an inline failure)
+
+
+def _startup_error(error: BaseException) -> BaseException:
+    """What `init()` raises for `error` met while loading or warming up: a runtime failure
+    there is a LoadError (not a request's BackendError); anything else as it is."""
+    if isinstance(error, BackendError):
+        load_error = LoadError.from_backend(error)
+        load_error.__cause__ = error
+        return load_error
+    return error
 
 
 def _on_axes(layout: Layout) -> str:
@@ -147,7 +157,7 @@ class ModelWorker:
         try:
             self._init()
         except BaseException as e:  # reported to init() through wait_ready
-            self._init_error = e
+            self._init_error = _startup_error(e)
             self._ready.set()
             self._release()
             return
@@ -220,7 +230,7 @@ class ModelWorker:
                     if warm:
                         self.session.run(feed, self.model.batch_rows)
         except Exception as e:
-            self._init_error = e
+            self._init_error = _startup_error(e)
         finally:
             item.done.set()
 

@@ -25,14 +25,14 @@ import os
 import time
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import numpy as np
 
+from inferchain.closing import Closing
 from inferchain.config import Recipe, load_recipe
-from inferchain.errors import ConfigError, InferchainError, InvalidInput
-from inferchain.logs import get_logger
+from inferchain.errors import Closed, ConfigError, InvalidInput, MissingDependency
+from inferchain.logs import configure_output, get_logger
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process
 from inferchain.results import ResultsFile, input_key
@@ -46,7 +46,7 @@ PASSTHROUGH = ("id", PATH)  # copied from the input batch to the output when pre
 OnError = Literal["raise", "return"]
 
 
-class RayNotInstalled(InferchainError, ImportError):
+class RayNotInstalled(MissingDependency):
     """Ray Data is not installed: `pip install 'inferchain[ray]'`."""
 
 
@@ -63,7 +63,7 @@ def require_ray() -> Any:
     return ray
 
 
-class RecipePredictor:
+class RecipePredictor(Closing):
     """A callable class for `Dataset.map_batches`: one OfflineInference per Ray actor.
 
     `__init__` loads the recipe and starts its OfflineInference (models loaded once per
@@ -99,7 +99,7 @@ class RecipePredictor:
         log_level: str | None = None,
     ) -> None:
         if log_level is not None:
-            _configure_logging(log_level)
+            configure_output(log_level)
         self.inputs = [inputs] if isinstance(inputs, str) else inputs
         self.passthrough = tuple(passthrough)
         self.max_in_flight = max_in_flight
@@ -142,7 +142,7 @@ class RecipePredictor:
 
     def _running(self) -> OfflineInference:
         if self._oi is None:
-            raise InferchainError("RecipePredictor is closed")
+            raise Closed("RecipePredictor is closed")
         return self._oi
 
     def close(self) -> None:
@@ -154,17 +154,6 @@ class RecipePredictor:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class _FilePipeline(Pipeline):
@@ -185,12 +174,6 @@ class _FilePipeline(Pipeline):
 
     def to_record(self, result: Any) -> dict[str, Any]:
         return self.inner.to_record(result)
-
-
-def _configure_logging(level: str) -> None:
-    from inferchain.cli import configure_logging
-
-    configure_logging(level, "auto")
 
 
 def _recipe(recipe: Recipe | str | Path, overrides: Mapping[str, Any] | None) -> Recipe:

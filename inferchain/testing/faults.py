@@ -16,7 +16,7 @@ import numpy as np
 
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig
-from inferchain.errors import BackendError
+from inferchain.errors import BackendError, LoadError
 
 
 class WorkerKilled(BaseException):
@@ -51,7 +51,7 @@ class FaultyBackend(Backend):
       `BackendError(code=500000, name="INJECTED")`;
     - `fail_p`: probability that any run raises it (seeded by `seed`);
     - `kill_runs`: run numbers that raise `WorkerKilled` instead;
-    - `fail_loads`: 1-based numbers of `load` calls that raise `BackendError`;
+    - `fail_loads`: 1-based numbers of `load` calls that raise `LoadError`;
     - `load_delay_s`: sleep in every load after the first (a slow re-initialisation);
     - `slow_runs` / `run_delay_s`: run numbers that sleep first (a long batch).
     """
@@ -109,7 +109,7 @@ class FaultyBackend(Backend):
         if n > 1 and self.load_delay_s:
             time.sleep(self.load_delay_s)
         if n in self.fail_loads:
-            raise BackendError(f"injected load failure on load {n}", code=500000, name="INJECTED")
+            raise LoadError(f"injected load failure on load {n}", code=500000, name="INJECTED")
         return FaultySession(self.inner.load(model, device), self)
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """Precision references: a recipe's raw model outputs on its bundled inputs, kept in the repo.
 
-R29 wants precision checked in CI as a regression. `tests/test_references.py` recomputes the
+Precision is checked in CI as a regression test. `tests/test_references.py` recomputes the
 outputs of every recipe that has a file in `tests/references/` and compares them with
 `diff_output` (the metrics of `inferchain compare`) within the tolerance stored in the file,
 so a change that moves the numbers (pre-processing, a runtime upgrade, a backend change) fails
@@ -28,11 +28,11 @@ import attrs
 import numpy as np
 import structlog
 
-from inferchain.compare import OutputDiff, diff_output
 from inferchain.config import load_recipe
 from inferchain.errors import ConfigError, InferchainError, InvalidInput
 from inferchain.offline import OfflineInference
-from inferchain.table import render
+from inferchain.tools.compare import OutputDiff, diff_output
+from inferchain.tools.table import render
 
 REPO = Path(__file__).resolve().parents[2]  # a source checkout (the files live in the repo)
 RECIPES = REPO / "recipes"

@@ -25,7 +25,7 @@ from inferchain.core.request import Request
 from inferchain.errors import RequestError
 from inferchain.offline import OfflineInference
 from inferchain.testing.faults import FaultyBackend
-from inferchain.testing.models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64
 
 
 def rss_bytes() -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from inferchain.errors import InferchainError
+from inferchain.errors import MissingDependency
 from inferchain.metrics import BatchTiming
 
 BINS = 50  # histogram bins and throughput intervals
@@ -23,7 +23,7 @@ def _matplotlib() -> tuple[Any, Any]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise InferchainError(
+        raise MissingDependency(
             f"plots need matplotlib, which is not installed ({e}): pip install 'inferchain[plot]'"
         ) from None
     return Figure, FigureCanvasAgg

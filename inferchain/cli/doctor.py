@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from inferchain.cli.options import add_command
 from inferchain.config import load_recipe
-from inferchain.doctor import diagnose, exit_status, format_checks
+from inferchain.tools.doctor import diagnose, exit_status, format_checks
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    doctor = sub.add_parser(
-        "doctor", parents=parents, help="check runtimes, providers, CANN, driver, NPUs"
+    doctor = add_command(
+        sub, parents, "doctor", cmd_doctor, help="check runtimes, providers, CANN, driver, NPUs"
     )
     doctor.add_argument("recipe", nargs="?", help="also check that this recipe can run here")
     doctor.add_argument("-v", "--verbose", action="store_true", help="show npu-smi's output")
-    doctor.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

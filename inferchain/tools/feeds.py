@@ -1,11 +1,17 @@
-"""Input feeds for a single model run, from its input description: seeded random arrays, arrays
-from an `.npz` file, and the check that fits given arrays to a model (used by `compare`).
+"""Input feeds from a model's input description: the one generator of random inputs (used by
+`bench` for synthetic items and by `compare` for whole batches), arrays from an `.npz` file,
+and the check that fits given arrays to a model.
+
+Random values, the same for every caller: floats uniform in [0, 1), uint8 in [0, 255], other
+integers in [0, 15], booleans either; a dynamic dim other than the batch dim gets
+`DYNAMIC_DIM` unless the caller says otherwise; any other dtype is a ConfigError.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,15 +19,15 @@ from inferchain.errors import ConfigError, InvalidInput
 from inferchain.tensors import TensorDesc
 
 DEFAULT_BATCH = 4  # rows of random inputs when the model's batch dim is dynamic
-DYNAMIC_DIM = 64  # size of any other dynamic dim of random inputs (pass arrays otherwise)
+DYNAMIC_DIM = 32  # size of any other dynamic dim of random inputs (pass arrays otherwise)
 
 
 def random_inputs(
     descs: Sequence[TensorDesc], *, batch: int | None = None, seed: int = 0
 ) -> list[np.ndarray]:
-    """Seeded random arrays for `descs`: floats standard normal, uint8 in [0, 255], other
-    integers in [0, 15], booleans either. The batch dim gets `batch` rows (default: the
-    model's fixed batch, else `DEFAULT_BATCH`); other dynamic dims get `DYNAMIC_DIM`."""
+    """Seeded random arrays for `descs` (values: see the module docstring). The batch dim
+    gets `batch` rows (default: the model's fixed batch, else `DEFAULT_BATCH`); other dynamic
+    dims get `DYNAMIC_DIM`."""
     rng = np.random.default_rng(seed)
     rows = _rows(descs, batch)
     arrays = []
@@ -29,7 +35,7 @@ def random_inputs(
         shape = tuple(DYNAMIC_DIM if d is None else d for d in t.shape)
         if shape:
             shape = (rows, *shape[1:])
-        arrays.append(_random(rng, shape, t))
+        arrays.append(random_array(shape, t.dtype, rng, t.name))
     return arrays
 
 
@@ -43,16 +49,19 @@ def _rows(descs: Sequence[TensorDesc], batch: int | None) -> int:
     return batch
 
 
-def _random(rng: np.random.Generator, shape: tuple[int, ...], t: TensorDesc) -> np.ndarray:
-    kind = t.dtype.kind
+def random_array(
+    shape: tuple[int, ...], dtype: np.dtype[Any], rng: np.random.Generator, name: str = ""
+) -> np.ndarray:
+    """Random values of `dtype` for input `name` (see the module docstring for the ranges)."""
+    kind = dtype.kind
     if kind == "f":
-        return rng.standard_normal(shape).astype(t.dtype)
+        return rng.random(shape).astype(dtype)
     if kind == "b":
         return rng.integers(0, 2, shape).astype(np.bool_)
     if kind in "iu":
-        high = 256 if t.dtype == np.uint8 else 16
-        return rng.integers(0, high, shape).astype(t.dtype)
-    raise ConfigError(f"input {t.name!r}: no random values for dtype {t.dtype}; pass --inputs")
+        high = 256 if dtype == np.uint8 else 16
+        return rng.integers(0, high, shape).astype(dtype)
+    raise ConfigError(f"input {name!r}: no random values for dtype {dtype}; pass arrays instead")
 
 
 def load_inputs(path: str | Path, descs: Sequence[TensorDesc]) -> list[np.ndarray]:

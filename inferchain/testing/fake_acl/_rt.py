@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from inferchain.testing._fake_acl_core import (
+from inferchain.testing.fake_acl._core import (
     INTERNAL_ERROR,
     INVALID_PARAM,
     RT_ADDR_UNALIGNED,
@@ -33,13 +33,13 @@ from inferchain.testing._fake_acl_core import (
     lookup,
     pair,
 )
-from inferchain.testing._fake_acl_memory import (
+from inferchain.testing.fake_acl._memory import (
     CopyPlan,
     check_host_access,
     is_device_pointer,
     plan_copy,
 )
-from inferchain.testing._fake_acl_order import Accesses, Clock, merge
+from inferchain.testing.fake_acl._order import Accesses, Clock, merge
 
 ACL_HOST = 1  # run mode: the host drives a separate device
 

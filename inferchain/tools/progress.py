@@ -9,13 +9,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from types import TracebackType
-from typing import Self, TextIO
+from typing import TextIO
+
+from inferchain.closing import Closing
 
 _WIDTH = 24  # characters of the bar
 
 
-class Progress:
+class Progress(Closing):
     """Counts finished units towards `total` and shows it on `stream` (stderr by default).
 
     On a TTY a bar is redrawn in place at most every `interval` seconds and whenever the count
@@ -104,14 +105,3 @@ class Progress:
         self._stream.write("\r\x1b[K" + text)
         self._stream.flush()
         self._drawn = now
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

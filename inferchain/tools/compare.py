@@ -1,7 +1,7 @@
-"""Precision comparison of two models on the same inputs (R24: check a converted model).
+"""Precision comparison of two models on the same inputs: a converted model against its original.
 
 A converted model (an fp16 export, an `.om` from ATC, a re-exported graph) runs beside its
-original on the same inputs (`inferchain.feeds`: random within the first model's input
+original on the same inputs (`inferchain.tools.feeds`: random within the first model's input
 description, or arrays from an `.npz` file), and every output is compared by position (names
 may differ, e.g. ATC's "op:edge:name"). Model A is the reference: an element of B is within
 tolerance when ``|B - A| <= atol + rtol * |A|`` (`np.isclose(B, A, rtol, atol)`).
@@ -22,9 +22,9 @@ import numpy as np
 from inferchain.backends.base import Backend, make_backend
 from inferchain.config import PKG, Recipe, load_recipe, package_file
 from inferchain.errors import ConfigError, InvalidInput
-from inferchain.feeds import by_name, fit_inputs, load_inputs, random_inputs
-from inferchain.table import render
 from inferchain.tensors import TensorDesc
+from inferchain.tools.feeds import by_name, fit_inputs, load_inputs, random_inputs
+from inferchain.tools.table import render
 
 DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-5

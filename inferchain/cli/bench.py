@@ -8,17 +8,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inferchain.bench import DYNAMIC_DIM, BenchReport, Source, run_bench
-from inferchain.commands import positive_int
+from inferchain.cli.options import add_command, positive_int
 from inferchain.config import load_recipe
-from inferchain.metrics import ModelStats, Percentiles
-from inferchain.progress import Progress
-from inferchain.table import render
+from inferchain.tools.bench import run_bench
+from inferchain.tools.bench_report import BenchReport, Source, format_report
+from inferchain.tools.feeds import DYNAMIC_DIM
+from inferchain.tools.progress import Progress
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    bench = sub.add_parser(
-        "bench", parents=parents, help="benchmark a recipe's models (synthetic inputs)"
+    bench = add_command(
+        sub, parents, "bench", cmd_bench, help="benchmark a recipe's models (synthetic inputs)"
     )
     bench.add_argument("recipe", help="recipe folder or its YAML file")
     bench.add_argument(
@@ -46,7 +46,6 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     bench.add_argument(
         "--plot", type=Path, metavar="FILE", help="write latency/throughput/occupancy (PNG)"
     )
-    bench.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -74,12 +73,12 @@ def write_outputs(report: BenchReport, args: argparse.Namespace) -> None:
         args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
         print(f"figures in {args.json}", file=sys.stderr)
     if args.trace:
-        from inferchain.trace import write_trace
+        from inferchain.tools.trace import write_trace
 
         write_trace(args.trace, report.timeline, process=report.recipe, workers=report.workers)
         print(f"trace in {args.trace} (open at ui.perfetto.dev)", file=sys.stderr)
     if args.plot:
-        from inferchain.plot import plot_timeline
+        from inferchain.tools.plot import plot_timeline
 
         plot_timeline(
             args.plot,
@@ -95,48 +94,3 @@ def _rate(report: BenchReport) -> str:
     if report.items is not None:
         return f"{report.items.throughput:.1f} pipeline items/s"
     return f"{report.stats.throughput:.1f} requests/s"
-
-
-def _percentiles(p: Percentiles) -> str:
-    return f"p50 {p.p50:.2f}  p90 {p.p90:.2f}  p95 {p.p95:.2f}  p99 {p.p99:.2f}"
-
-
-def _stage_rows(stages: dict[str, Percentiles], e2e: Percentiles) -> list[list[object]]:
-    rows = [[name, p.count, p.mean, p.p50, p.p90, p.p95, p.p99] for name, p in stages.items()]
-    rows.append(["end_to_end", e2e.count, e2e.mean, e2e.p50, e2e.p90, e2e.p95, e2e.p99])
-    return rows
-
-
-def _model_row(m: ModelStats) -> list[object]:
-    sizes = ", ".join(f"{k}x{v}" for k, v in sorted(m.batch_sizes.items(), reverse=True))
-    return [m.name, m.requests, m.errors, m.batches, m.mean_batch_size, m.throughput, sizes]
-
-
-def format_report(report: BenchReport) -> str:
-    """The report as `inferchain bench` prints it."""
-    s = report.stats
-    what = "items through the pipeline" if report.source == "pipeline" else "requests per model"
-    head = f"{report.recipe} on {report.backend}: {report.requested} {what}"
-    lines = [f"{head} in {report.wall_s:.2f}s"]
-    if report.items is not None:
-        i = report.items
-        lines.append(
-            f"pipeline items: {i.items} ({i.errors} failed), {i.throughput:.1f} items/s; "
-            f"latency per item (ms) {_percentiles(i.latency_ms)}"
-        )
-    lines.append(
-        f"model requests: {s.requests} (all models), {s.throughput:.1f} requests/s; "
-        f"latency per request (ms) {_percentiles(s.latency_ms)}"
-    )
-    for model, shapes in report.inputs.items():
-        described = ", ".join(f"{k}{v}" for k, v in shapes.items())
-        lines.append(f"synthetic inputs of {model}: {described}")
-    headers = ["model", "done", "errors", "batches", "mean batch", "items/s", "batch sizes"]
-    lines += ["", render(headers, [_model_row(m) for m in s.models.values()])]
-    stage_headers = ["stage (ms)", "count", "mean", "p50", "p90", "p95", "p99"]
-    lines += ["", render(stage_headers, _stage_rows(dict(s.stages), s.latency_ms))]
-    if len(s.models) > 1:
-        for m in s.models.values():
-            lines += ["", f"{m.name}:"]
-            lines.append(render(stage_headers, _stage_rows(dict(m.stages), m.latency_ms), "  "))
-    return "\n".join(lines)

@@ -17,8 +17,8 @@ from inferchain.config import MODEL_SUFFIXES, PKG, Recipe, load_recipe, package_
 from inferchain.errors import ConfigError
 from inferchain.memory import MemoryPlan
 from inferchain.models import describe
-from inferchain.table import megabytes, render
 from inferchain.tensors import ModelInfo
+from inferchain.tools.table import megabytes, render
 
 
 @attrs.frozen

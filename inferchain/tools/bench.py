@@ -1,11 +1,10 @@
 """Benchmarks without writing code: drive a recipe's models and report what `oi.stats()` keeps.
 
 Two sources of work:
-- synthetic (default): per model, random items made from `oi.model_info(name)`: floats
-  uniform in [0, 1), integers uniform in [0, min(dtype max, 255)], booleans at random; a
-  dynamic dim other than the batch dim gets `DYNAMIC_DIM` (32). Each model gets `requests`
-  items, all models at once (one feeder thread per model), at most twice the model's slots in
-  flight.
+- synthetic (default): per model, random items made from `oi.model_info(name)` by
+  `inferchain.tools.feeds.random_array` (its values; a dynamic dim other than the batch dim
+  gets `DYNAMIC_DIM`, 32). Each model gets `requests` items, all models at once (one feeder
+  thread per model), at most twice the model's slots in flight.
 - pipeline: the recipe's own inputs through its pipeline, `requests` items (the inputs
   repeated as needed); the pipeline's own steps are timed as the `pre` and `post` stages.
 
@@ -18,75 +17,24 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any
 
-import attrs
 import numpy as np
 
 from inferchain.config import Recipe
 from inferchain.core.request import Request
 from inferchain.errors import ConfigError
 from inferchain.layout import Axis, Layout, item_shape
-from inferchain.metrics import BatchTiming, Percentiles, Stats
+from inferchain.metrics import Percentiles
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process, Step
 from inferchain.tensors import ModelInfo, TensorDesc
+from inferchain.tools.bench_report import BenchReport, Inputs, ItemStats, Source
+from inferchain.tools.feeds import DYNAMIC_DIM, random_array
 
-DYNAMIC_DIM = 32  # synthetic size of a dynamic dim (not the batch dim)
 POOL = 64  # distinct synthetic items per model, cycled through
-Source = Literal["synthetic", "pipeline"]
-Inputs = dict[str, dict[str, list[int]]]  # model -> input -> synthetic item shape
 OnDone = Callable[[int], None]  # called with 0 when driving starts, then with how many more
 # requests (or items) finished
-
-
-@attrs.frozen
-class ItemStats:
-    """Items through the pipeline (the pipeline source): not model requests, of which each
-    item makes any number."""
-
-    items: int  # finished, with a result or an error
-    errors: int  # of those, failed
-    throughput: float  # items per second of wall time
-    latency_ms: Percentiles  # per item: its first step to its result
-
-    def to_dict(self) -> dict[str, object]:
-        return {**attrs.asdict(self, recurse=False), "latency_ms": self.latency_ms.to_dict()}
-
-
-@attrs.frozen(eq=False)
-class BenchReport:
-    """One benchmark run: what was driven, and the figures."""
-
-    recipe: str
-    backend: str
-    source: Source
-    requested: int  # requests per model (synthetic) or items (pipeline)
-    wall_s: float  # first submit -> last result, as the driver saw it
-    inputs: Inputs  # synthetic item shape per model and input (none for the pipeline)
-    workers: tuple[str, ...]  # every worker, "model#i", idle or not
-    stats: Stats
-    timeline: tuple[BatchTiming, ...]  # every batch, by the time a worker took it
-    latencies_s: np.ndarray  # end to end per request (seconds), for plots
-    items: ItemStats | None = None  # the pipeline source only
-
-    def to_dict(self) -> dict[str, object]:
-        """`Stats.to_dict()` (model requests), a `pipeline` section with the pipeline source
-        (its items), and a `bench` section saying what ran."""
-        pipeline = {"pipeline": self.items.to_dict()} if self.items is not None else {}
-        return {
-            **self.stats.to_dict(),
-            **pipeline,
-            "bench": {
-                "recipe": self.recipe,
-                "backend": self.backend,
-                "source": self.source,
-                "requested": self.requested,
-                "wall_s": self.wall_s,
-                "inputs": self.inputs,
-                "workers": list(self.workers),
-            },
-        }
 
 
 # -- synthetic inputs ----------------------------------------------------------------------
@@ -107,20 +55,6 @@ def synthetic_shape(
     return tuple(dynamic_dim if d is None else d for d in dims)
 
 
-def random_array(
-    shape: tuple[int, ...], dtype: np.dtype[Any], rng: np.random.Generator
-) -> np.ndarray:
-    """Random values of `dtype` (see the module docstring for the ranges)."""
-    if dtype.kind == "f":
-        return rng.random(shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(dtype)
-    if dtype.kind in "iu":
-        high = min(int(np.iinfo(dtype).max), 255)
-        return rng.integers(0, high, shape, dtype=dtype, endpoint=True)
-    return np.zeros(shape, dtype)
-
-
 def synthetic_items(
     info: ModelInfo,
     count: int = POOL,
@@ -138,7 +72,9 @@ def synthetic_items(
         synthetic_shape(t, batching, dynamic_dim, a) for t, a in zip(info.inputs, axes, strict=True)
     ]
     return [
-        tuple(random_array(s, t.dtype, rng) for s, t in zip(shapes, info.inputs, strict=True))
+        tuple(
+            random_array(s, t.dtype, rng, t.name) for s, t in zip(shapes, info.inputs, strict=True)
+        )
         for _ in range(count)
     ]
 

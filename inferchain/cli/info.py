@@ -6,18 +6,18 @@ import argparse
 import json
 from typing import Any
 
-from inferchain.info import describe_recipe, format_reports, recipe_for
+from inferchain.cli.options import add_command
+from inferchain.tools.info import describe_recipe, format_reports, recipe_for
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    info = sub.add_parser(
-        "info", parents=parents, help="a recipe's or a model file's IO and memory table"
+    info = add_command(
+        sub, parents, "info", cmd_info, help="a recipe's or a model file's IO and memory table"
     )
     info.add_argument(
         "target", help="recipe folder, its YAML file, or a .onnx / .om model (paths or pkg://)"
     )
     info.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    info.set_defaults(func=cmd_info)
 
 
 def cmd_info(args: argparse.Namespace) -> int:

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import attrs
 
-from inferchain.testing._fake_acl_args import parse
-from inferchain.testing._fake_acl_order import Clock
+from inferchain.testing.fake_acl._args import parse
+from inferchain.testing.fake_acl._order import Clock
 
 if TYPE_CHECKING:
-    from inferchain.testing._fake_acl_mdl import Dataset, Desc, Execution, LoadedModel
-    from inferchain.testing._fake_acl_memory import DeviceMemory, HostMemory
-    from inferchain.testing._fake_acl_rt import Context, Event, Landing, Stream
+    from inferchain.testing.fake_acl._mdl import Dataset, Desc, Execution, LoadedModel
+    from inferchain.testing.fake_acl._memory import DeviceMemory, HostMemory
+    from inferchain.testing.fake_acl._rt import Context, Event, Landing, Stream
 
 SUCCESS = 0
 INVALID_PARAM = 100000

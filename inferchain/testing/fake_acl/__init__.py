@@ -37,7 +37,7 @@ device (the copy engines); compute is the ONNX Runtime run on the stream's threa
 by `compute_scale`. Events and waits follow stream order. `slices` lists every copy and
 compute as (stream, kind, start, end) for traces.
 
-Arguments are parsed as pyACL's C wrappers do (`_fake_acl_args`): positional only, pointers
+Arguments are parsed as pyACL's C wrappers do (`fake_acl._args`): positional only, pointers
 and sizes must be Python ints (numpy ints are a TypeError), `init()`'s path is a str or
 absent (None is a TypeError).
 
@@ -69,7 +69,7 @@ Rules the card enforces too (code returned):
 
 Rules stricter than the card (107000 here; the card would race, read stale bytes or leak
 silently), so code that is wrong on hardware fails here on every run. All are decided by the
-order of calls (a happens-before ledger, `_fake_acl_order`), never by timing:
+order of calls (a happens-before ledger, `fake_acl._order`), never by timing:
 - a host read (`memcpy`) of device memory that stream work not yet synchronized by the host
   writes; a host write (`memcpy`, `memset`, `set_dynamic_*`) or `free` of device memory that
   such work reads or writes;
@@ -97,7 +97,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferchain.testing._fake_acl_core import (
+from inferchain.testing.fake_acl._core import (
     INVALID_PARAM,
     INVALID_RESOURCE_HANDLE,
     REPEAT_FINALIZE,
@@ -114,15 +114,15 @@ from inferchain.testing._fake_acl_core import (
     lookup,
     null,
 )
-from inferchain.testing._fake_acl_mdl import Execution, FakeMdl
-from inferchain.testing._fake_acl_memory import DeviceMemory, HostMemory, is_device_pointer
-from inferchain.testing._fake_acl_model import (
+from inferchain.testing.fake_acl._mdl import Execution, FakeMdl
+from inferchain.testing.fake_acl._memory import DeviceMemory, HostMemory, is_device_pointer
+from inferchain.testing.fake_acl._model import (
     OM_MAGIC,
     CompiledModel,
     CompileOptions,
     compile_model,
 )
-from inferchain.testing._fake_acl_rt import FakeRt, Stream
+from inferchain.testing.fake_acl._rt import FakeRt, Stream
 
 __all__ = ["Execution", "FakeAcl", "FakeAclCrash", "Slice", "write_fake_om"]
 

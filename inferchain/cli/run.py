@@ -14,13 +14,13 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-from inferchain.commands import positive_int
+from inferchain.cli.options import add_command, positive_int
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, Process
-from inferchain.progress import Progress
 from inferchain.results import RESULTS, Mode, ResultsFile, input_key
+from inferchain.tools.progress import Progress
 
 DESCRIPTION = (
     f"Run a recipe's pipeline over input files and write {RESULTS} in the output folder: one "
@@ -31,9 +31,11 @@ DESCRIPTION = (
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    run = sub.add_parser(
+    run = add_command(
+        sub,
+        parents,
         "run",
-        parents=parents,
+        cmd_run,
         help="run a recipe's pipeline over its inputs",
         description=DESCRIPTION,
     )
@@ -60,7 +62,6 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     run.add_argument(
         "--concurrency", type=positive_int, default=1, help="with --ray: actors (default 1)"
     )
-    run.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

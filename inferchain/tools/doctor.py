@@ -1,4 +1,4 @@
-"""The environment check (R23): runtimes, providers, CANN, driver, firmware and NPUs.
+"""The environment check: runtimes, providers, CANN, driver, firmware and NPUs.
 
 `diagnose(recipe)` returns one `Check` per item, OK / WARN / MISSING / FAIL. MISSING is
 information (an Ascend toolkit is not needed on a CPU machine); FAIL means the given recipe
@@ -22,7 +22,7 @@ import numpy as np
 
 from inferchain.backends.probe import RuntimeProbe, probe_acl, probe_onnxruntime
 from inferchain.config import Recipe
-from inferchain.table import render
+from inferchain.tools.table import render
 
 ASCEND = Path("/usr/local/Ascend")  # CANN's default install root
 NPU_SMI = "npu-smi"

@@ -10,8 +10,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from inferchain.compare import BACKENDS, DEFAULT_ATOL, DEFAULT_RTOL, compare_models
-from inferchain.feeds import DEFAULT_BATCH, DYNAMIC_DIM
+from inferchain.cli.options import add_command
+from inferchain.tools.compare import BACKENDS, DEFAULT_ATOL, DEFAULT_RTOL, compare_models
+from inferchain.tools.feeds import DEFAULT_BATCH, DYNAMIC_DIM
 
 FAKE_ACL_HELP = (
     "test aid, not for real checks: run acl models with inferchain.testing.fake_acl.FakeAcl "
@@ -22,9 +23,11 @@ FAKE_ACL_HELP = (
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
+        parents,
         "compare",
-        parents=parents,
+        cmd_compare,
         help="precision check: run two models on the same inputs and compare their outputs",
         description=(
             "Run MODEL_A (the reference) and MODEL_B (model files, pkg:// paths or recipe "
@@ -64,7 +67,6 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--device", type=int, default=0, help="device id for acl")
     p.add_argument("--fake-acl", action="store_true", help=FAKE_ACL_HELP)
-    p.set_defaults(func=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
 Device pointers are ints at or above 2**48, beyond any user-space host address, so a host
 pointer can never be mistaken for a device one. Addresses are never reused: a freed pointer
 stays invalid. Fresh device memory is filled with 0xFF bytes (NaN as float) because real
-device memory is uninitialised. Each allocation keeps its `Accesses` (see `_fake_acl_order`)
+device memory is uninitialised. Each allocation keeps its `Accesses` (see `fake_acl._order`)
 so host and stream accesses can be checked against pending stream work.
 """
 
@@ -16,13 +16,13 @@ from collections.abc import Iterable, Mapping
 import attrs
 import numpy as np
 
-from inferchain.testing._fake_acl_core import (
+from inferchain.testing.fake_acl._core import (
     INVALID_PARAM,
     RT_MEMORY_ALLOCATION,
     RT_PARAM_INVALID,
     Fail,
 )
-from inferchain.testing._fake_acl_order import Accesses
+from inferchain.testing.fake_acl._order import Accesses
 
 DEVICE_BASE = 1 << 48
 _DEVICE_SPAN = 1 << 40  # address range per device

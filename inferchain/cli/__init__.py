@@ -1,17 +1,20 @@
-"""The `inferchain` command line: parsing, logging set-up and one-line errors."""
+"""The `inferchain` command line: parsing, logging set-up and one-line errors.
+
+One thin module per subcommand (`run`, `bench`, `info`, `doctor`, `compare`) parses its
+arguments, calls a tool from `inferchain.tools` (or the library) and prints.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-import structlog
+from inferchain.logs import configure_output
 
-#: Subcommand modules under inferchain/commands/, in the order `--help` lists them.
+#: Subcommand modules of this package, in the order `--help` lists them.
 COMMANDS = ("run", "bench", "info", "doctor", "compare")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -28,32 +31,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"inferchain: error: {message} (see {self.prog} --help)\n")
-
-
-def _stderr_logger(*args: object) -> structlog.PrintLogger:
-    """A logger on whatever `sys.stderr` is at the time (it may be replaced, e.g. in tests)."""
-    return structlog.PrintLogger(sys.stderr)
-
-
-def configure_logging(level: str, fmt: str) -> None:
-    """structlog to stderr: console lines on a TTY, JSON otherwise (or as asked)."""
-    if fmt == "auto":
-        fmt = "console" if sys.stderr.isatty() else "json"
-    renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=_stderr_logger,
-        cache_logger_on_first_use=False,
-    )
 
 
 def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -88,13 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(common, defaults=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"inferchain.commands.{name}").register(sub, [common])
+        importlib.import_module(f"inferchain.cli.{name}").register(sub, [common])
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level, args.log_format)
+    configure_output(args.log_level, args.log_format)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
@@ -119,7 +96,3 @@ def describe(error: BaseException) -> str:
     else:
         text = f"{type(error).__name__}: {error} (--debug shows the traceback)"
     return " ".join(text.split()) or type(error).__name__
-
-
-if __name__ == "__main__":
-    sys.exit(main())

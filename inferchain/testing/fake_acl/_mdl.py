@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from inferchain.testing._fake_acl_core import (
+from inferchain.testing.fake_acl._core import (
     GE_DYNAMIC_BATCH_SIZE_INVALID,
     GE_SHAPE_INVALID,
     INVALID_MODEL_ID,
@@ -43,10 +43,10 @@ from inferchain.testing._fake_acl_core import (
     same_first,
     undefined_type,
 )
-from inferchain.testing._fake_acl_memory import Allocation, check_host_access
-from inferchain.testing._fake_acl_model import MBATCH_INPUT, CompiledModel, Gear, IOSpec
-from inferchain.testing._fake_acl_order import Accesses
-from inferchain.testing._fake_acl_rt import Context, Stream, wait_until
+from inferchain.testing.fake_acl._memory import Allocation, check_host_access
+from inferchain.testing.fake_acl._model import MBATCH_INPUT, CompiledModel, Gear, IOSpec
+from inferchain.testing.fake_acl._order import Accesses
+from inferchain.testing.fake_acl._rt import Context, Stream, wait_until
 
 Loader = Callable[[Path | bytes, str], CompiledModel]
 

@@ -1,0 +1,7 @@
+"""`python -m inferchain.cli ...`: the same as the `inferchain` command."""
+
+import sys
+
+from inferchain.cli import main
+
+sys.exit(main())

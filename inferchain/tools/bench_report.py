@@ -1,0 +1,109 @@
+"""What a benchmark run reports: the records `inferchain.tools.bench` returns, as JSON
+(`to_dict`, what `bench --json` writes) and as the text `inferchain bench` prints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+import numpy as np
+
+from inferchain.metrics import BatchTiming, ModelStats, Percentiles, Stats
+from inferchain.tools.table import render
+
+Source = Literal["synthetic", "pipeline"]
+Inputs = dict[str, dict[str, list[int]]]  # model -> input -> synthetic item shape
+
+
+@attrs.frozen
+class ItemStats:
+    """Items through the pipeline (the pipeline source): not model requests, of which each
+    item makes any number."""
+
+    items: int  # finished, with a result or an error
+    errors: int  # of those, failed
+    throughput: float  # items per second of wall time
+    latency_ms: Percentiles  # per item: its first step to its result
+
+    def to_dict(self) -> dict[str, object]:
+        return {**attrs.asdict(self, recurse=False), "latency_ms": self.latency_ms.to_dict()}
+
+
+@attrs.frozen(eq=False)
+class BenchReport:
+    """One benchmark run: what was driven, and the figures."""
+
+    recipe: str
+    backend: str
+    source: Source
+    requested: int  # requests per model (synthetic) or items (pipeline)
+    wall_s: float  # first submit -> last result, as the driver saw it
+    inputs: Inputs  # synthetic item shape per model and input (none for the pipeline)
+    workers: tuple[str, ...]  # every worker, "model#i", idle or not
+    stats: Stats
+    timeline: tuple[BatchTiming, ...]  # every batch, by the time a worker took it
+    latencies_s: np.ndarray  # end to end per request (seconds), for plots
+    items: ItemStats | None = None  # the pipeline source only
+
+    def to_dict(self) -> dict[str, object]:
+        """`Stats.to_dict()` (model requests), a `pipeline` section with the pipeline source
+        (its items), and a `bench` section saying what ran."""
+        pipeline = {"pipeline": self.items.to_dict()} if self.items is not None else {}
+        return {
+            **self.stats.to_dict(),
+            **pipeline,
+            "bench": {
+                "recipe": self.recipe,
+                "backend": self.backend,
+                "source": self.source,
+                "requested": self.requested,
+                "wall_s": self.wall_s,
+                "inputs": self.inputs,
+                "workers": list(self.workers),
+            },
+        }
+
+
+def _percentiles(p: Percentiles) -> str:
+    return f"p50 {p.p50:.2f}  p90 {p.p90:.2f}  p95 {p.p95:.2f}  p99 {p.p99:.2f}"
+
+
+def _stage_rows(stages: dict[str, Percentiles], e2e: Percentiles) -> list[list[object]]:
+    rows = [[name, p.count, p.mean, p.p50, p.p90, p.p95, p.p99] for name, p in stages.items()]
+    rows.append(["end_to_end", e2e.count, e2e.mean, e2e.p50, e2e.p90, e2e.p95, e2e.p99])
+    return rows
+
+
+def _model_row(m: ModelStats) -> list[object]:
+    sizes = ", ".join(f"{k}x{v}" for k, v in sorted(m.batch_sizes.items(), reverse=True))
+    return [m.name, m.requests, m.errors, m.batches, m.mean_batch_size, m.throughput, sizes]
+
+
+def format_report(report: BenchReport) -> str:
+    """The report as `inferchain bench` prints it."""
+    s = report.stats
+    what = "items through the pipeline" if report.source == "pipeline" else "requests per model"
+    head = f"{report.recipe} on {report.backend}: {report.requested} {what}"
+    lines = [f"{head} in {report.wall_s:.2f}s"]
+    if report.items is not None:
+        i = report.items
+        lines.append(
+            f"pipeline items: {i.items} ({i.errors} failed), {i.throughput:.1f} items/s; "
+            f"latency per item (ms) {_percentiles(i.latency_ms)}"
+        )
+    lines.append(
+        f"model requests: {s.requests} (all models), {s.throughput:.1f} requests/s; "
+        f"latency per request (ms) {_percentiles(s.latency_ms)}"
+    )
+    for model, shapes in report.inputs.items():
+        described = ", ".join(f"{k}{v}" for k, v in shapes.items())
+        lines.append(f"synthetic inputs of {model}: {described}")
+    headers = ["model", "done", "errors", "batches", "mean batch", "items/s", "batch sizes"]
+    lines += ["", render(headers, [_model_row(m) for m in s.models.values()])]
+    stage_headers = ["stage (ms)", "count", "mean", "p50", "p90", "p95", "p99"]
+    lines += ["", render(stage_headers, _stage_rows(dict(s.stages), s.latency_ms))]
+    if len(s.models) > 1:
+        for m in s.models.values():
+            lines += ["", f"{m.name}:"]
+            lines.append(render(stage_headers, _stage_rows(dict(m.stages), m.latency_ms), "  "))
+    return "\n".join(lines)
