@@ -15,7 +15,8 @@ from typing import Any, Literal, Self, overload
 
 import numpy as np
 
-from inferchain.backends.base import Backend, make_backend
+from inferchain.backends.base import Backend
+from inferchain.backends.factory import make_backend
 from inferchain.config import ModelConfig, Recipe, load_recipe
 from inferchain.core.engine import ExecutionEngine
 from inferchain.core.request import Callback, Outputs, Request, RequestState

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from inferchain.backends.acl import AclBackend, AclSession
-from inferchain.backends.base import make_backend
+from inferchain.backends.factory import make_backend
 from inferchain.config import ModelConfig, Recipe
 from inferchain.errors import BackendError, LoadError
 from inferchain.testing.fake_acl import FakeAcl

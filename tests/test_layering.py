@@ -152,17 +152,23 @@ def test_only_the_command_line_imports_the_command_line(rel: str) -> None:
     assert not bad, f"inferchain/{rel} imports {bad}"
 
 
-def test_the_backend_interface_loads_concrete_backends_only_when_asked() -> None:
-    """`backends/base.py` may import a backend inside a function, never at module level."""
-    concrete = (
-        "inferchain.backends.onnxruntime",
-        "inferchain.backends.acl",
-        "onnxruntime",
-        "acl",
-    )
+CONCRETE = ("inferchain.backends.onnxruntime", "inferchain.backends.acl", "onnxruntime", "acl")
+
+
+def test_the_backend_interface_imports_no_backend() -> None:
+    """`backends/base.py` is the interface only: no concrete backend, not even lazily."""
+    bad = [(line, name) for line, name in imports("backends/base.py") if within(name, *CONCRETE)]
+    assert not bad, f"inferchain/backends/base.py imports {bad}"
+
+
+def test_the_factory_loads_concrete_backends_only_when_asked() -> None:
+    """`backends/factory.py` imports a backend inside `make_backend`, never at module level."""
     bad = [
         (line, name)
-        for line, name in imports("backends/base.py", top_level=True)
-        if within(name, *concrete)
+        for line, name in imports("backends/factory.py", top_level=True)
+        if within(name, *CONCRETE)
     ]
-    assert not bad, f"inferchain/backends/base.py imports {bad} at module level"
+    assert not bad, f"inferchain/backends/factory.py imports {bad} at module level"
+    lazy = [name for _, name in imports("backends/factory.py")]
+    for backend in ("inferchain.backends.onnxruntime", "inferchain.backends.acl"):
+        assert any(within(name, backend) for name in lazy), f"the factory never loads {backend}"

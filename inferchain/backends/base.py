@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from inferchain.closing import Closing
-from inferchain.config import ModelConfig, Recipe
+from inferchain.config import ModelConfig
 from inferchain.tensors import TensorDesc
 
 
@@ -83,18 +83,3 @@ class Backend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing global
         """Release process-wide runtime state after every session is closed."""
-
-
-def make_backend(recipe: Recipe, **options: object) -> Backend:
-    """The backend the recipe names, built lazily so `import inferchain` needs no runtime."""
-    if recipe.backend == "onnxruntime":
-        from inferchain.backends.onnxruntime import OnnxRuntimeBackend
-
-        return OnnxRuntimeBackend(recipe)
-    if recipe.backend == "acl":
-        from inferchain.backends.acl import AclBackend
-
-        return AclBackend(recipe, acl_module=options.get("acl_module"))
-    from inferchain.errors import ConfigError
-
-    raise ConfigError(f"{recipe.source}: backend {recipe.backend!r} is not one of onnxruntime, acl")

@@ -19,7 +19,8 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from inferchain.backends.base import Backend, make_backend
+from inferchain.backends.base import Backend
+from inferchain.backends.factory import make_backend
 from inferchain.config import PKG, Recipe, load_recipe, package_file
 from inferchain.errors import ConfigError, InvalidInput
 from inferchain.tensors import TensorDesc

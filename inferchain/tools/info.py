@@ -12,7 +12,7 @@ from pathlib import Path
 
 import attrs
 
-from inferchain.backends.base import make_backend
+from inferchain.backends.factory import make_backend
 from inferchain.config import MODEL_SUFFIXES, PKG, Recipe, load_recipe, package_file
 from inferchain.errors import ConfigError
 from inferchain.memory import MemoryPlan
