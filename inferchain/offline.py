@@ -257,10 +257,8 @@ class OfflineInference:
         """
         engine = self._running_engine()
         (work,) = self._works(model, (inputs,), timeout=timeout)
-        if not engine.run_now(work):
-            work.arm()
-            engine.submit(work)
-            work.wait()
+        engine.run_or_submit(work)
+        work.wait()
         result = work.item(0)
         if isinstance(result, BaseException):
             raise result
@@ -358,9 +356,7 @@ class OfflineInference:
         ) -> list[Work]:
             works = self._works(model, items, priority=priority, listener=notify)
             for w in works:
-                if not engine.run_now(w, short_only=True):
-                    w.arm()
-                    engine.submit(w)
+                engine.run_or_submit(w, short_only=True)
             return works
 
         return in_flight(submit, inputs, limit=max(limit, size), chunk=size, ordered=ordered)

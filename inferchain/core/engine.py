@@ -211,6 +211,13 @@ class ExecutionEngine:
         self._cancelled.append(item)
         self.wake()
 
+    def run_or_submit(self, work: Work, short_only: bool = False) -> None:
+        """Run a bulk `work` here (`run_now`) or queue it with its waiter armed: either
+        way `work.wait()` returns once it has settled."""
+        if not self.run_now(work, short_only):
+            work.arm()
+            self.submit(work)
+
     def run_now(self, work: Work, short_only: bool = False) -> bool:
         """Run `work` here on the calling thread, batch by batch, while its model is idle
         (nothing waiting or ready, a worker with nothing in flight) and its sessions may
@@ -545,13 +552,10 @@ class ExecutionEngine:
         """End the rows of `work` that were not taken into a batch."""
         if work.done:
             return
-        untaken = work.rows - work.taken
+        start = work.taken
+        untaken = self._take_rest(work)
         if untaken <= 0:
             return
-        if work.held:
-            self._models[work.model].batcher.forget(work, untaken)
-        start = work.taken
-        work.taken = work.rows
         if work.requests is None:
             work.pieces.append((start, work.rows, error))
             work.settled += untaken
@@ -562,6 +566,16 @@ class ExecutionEngine:
         if work.settled >= work.rows:
             self._settle(work)
 
+    def _take_rest(self, work: Work) -> int:
+        """Mark the rows of `work` not yet in a batch as taken (so no batch takes them) and
+        drop them from its model's batcher; returns how many there were."""
+        untaken = work.rows - work.taken
+        if untaken > 0:
+            if work.held:
+                self._models[work.model].batcher.forget(work, untaken)
+            work.taken = work.rows
+        return untaken
+
     def _settle(self, work: Work) -> None:
         """Every row of `work` has ended: free what it held and wake its waiter."""
         assert self._scheduler is not None
@@ -569,11 +583,7 @@ class ExecutionEngine:
             self._scheduler.drop(work)
             self._unqueue(work.rows)
         else:
-            untaken = work.rows - work.taken
-            if untaken > 0:  # e.g. its last rows' requests were cancelled while READY
-                if work.held:
-                    self._models[work.model].batcher.forget(work, untaken)
-                work.taken = work.rows
+            self._take_rest(work)  # e.g. its last rows' requests were cancelled while READY
             self._scheduler.release(work)
         work.finish()
         with self._drained:

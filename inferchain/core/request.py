@@ -196,22 +196,36 @@ class Request:
         with self._lock:
             if to not in _ALLOWED[self._phase]:
                 return False
-            self._phase = to
-            self._stamps[to] = time.perf_counter()
-            if to < RequestState.DONE:
+            if to >= RequestState.DONE:
+                self._end(to, time.perf_counter(), outputs, error)
+            else:
+                self._phase = to
+                self._stamps[to] = time.perf_counter()
                 return True
-            self.outputs = outputs
-            self.error = error
-            self._inputs = ()  # free the item's memory as soon as it is finished
-            if self._waiter is not None:
-                self._waiter.release()
-            if self._fwaiters:
-                self._notify_waiters()
-            listeners, self._listeners = self._listeners, None
+        self._wake()
+        return True
+
+    def _end(
+        self, to: RequestState, now: float, outputs: Outputs | None, error: BaseException | None
+    ) -> None:
+        """Enter the terminal state `to` (under the lock; the table allowed it)."""
+        self._phase = to
+        self._stamps[to] = now
+        self.outputs = outputs
+        self.error = error
+        self._inputs = ()  # free the item's memory as soon as it is finished
+        if self._fwaiters:
+            self._notify_waiters()
+
+    def _wake(self) -> None:
+        """After `_end`, outside the lock: wake its waiters and run its listeners once (no
+        waiter or listener is added once the request is terminal)."""
+        if self._waiter is not None:
+            self._waiter.release()
+        listeners, self._listeners = self._listeners, None
         if listeners:
             for fn in listeners:
                 fn(self)
-        return True
 
     def add_done_listener(self, fn: Callable[[Request], None]) -> None:
         """Call `fn(request)` once it is terminal (at once if it already is).
@@ -398,21 +412,9 @@ def conclude(
     rows: Iterable[Outputs | None] = outputs if outputs is not None else (None for _ in requests)
     with lock:
         for r, out in zip(requests, rows, strict=True):
-            if to not in _ALLOWED[r._phase]:
-                continue
-            r._phase = to
-            r._stamps[to] = now
-            r.outputs = out
-            r.error = error
-            r._inputs = ()
-            if r._fwaiters:
-                r._notify_waiters()
-            ended.append(r)
+            if to in _ALLOWED[r._phase]:
+                r._end(to, now, out, error)
+                ended.append(r)
     for r in ended:
-        if r._waiter is not None:
-            r._waiter.release()
-        if r._listeners is not None:
-            listeners, r._listeners = r._listeners, None
-            for fn in listeners:
-                fn(r)
+        r._wake()
     return ended

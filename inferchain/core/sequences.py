@@ -88,10 +88,14 @@ class StatePool:
     def write_back(self, batch: Batch, outputs: Sequence[np.ndarray]) -> None:
         """Store the carried outputs of the batch's sequence rows into their slots (worker
         thread, after the run). Rows of works that are not steps are left alone."""
-        rows = [s.offset for s in batch.slices if s.work.slot is not None]
+        rows: list[int] = []  # positions in the batch
+        slots: list[int] = []  # their slots
+        for s in batch.slices:
+            if s.work.slot is not None:
+                rows.append(s.offset)
+                slots.append(s.work.slot)
         if not rows:
             return
-        slots = [s.work.slot for s in batch.slices if s.work.slot is not None]
         for out, i, _ in self.carried:
             self.arrays[i][slots] = outputs[out][rows]
 
