@@ -84,6 +84,27 @@ class InputSpec:
             arrays = list(inputs)
         return tuple(self._check(i, a) for i, a in enumerate(arrays))
 
+    def step_item(
+        self, inputs: Mapping[str, Any], carried: Mapping[int, np.ndarray]
+    ) -> tuple[np.ndarray, ...]:
+        """One sequence step's arrays in the model's input order: `inputs` (name -> value)
+        checked for the inputs that are not carried, `carried` (index -> value) for the
+        others, as they are."""
+        if len(inputs) + len(carried) != len(self.names) or any(
+            self._index.get(n, -1) in carried or n not in self._index for n in inputs
+        ):
+            taken = [n for i, n in enumerate(self.names) if i not in carried]
+            unknown = [n for n in inputs if n not in taken]
+            missing = [n for n in taken if n not in inputs]
+            raise InvalidInput(
+                f"model {self.model!r}: a step takes inputs {taken}; "
+                f"unknown: {unknown}, missing: {missing}"
+            )
+        return tuple(
+            carried[i] if i in carried else self._check(i, inputs[name])
+            for i, name in enumerate(self.names)
+        )
+
     def rows(self, block: np.ndarray) -> np.ndarray:
         """A one-input model's items stacked as the rows of one array, checked at once."""
         exact = self._exact[0]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import attrs
 
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
-from inferchain.core.sequences import StatePool
+from inferchain.core.sequences import STEP_COHORTS, PendingSteps, StatePool
 from inferchain.core.worker import ModelWorker, Outbox
 from inferchain.errors import ConfigError
 from inferchain.inputs import InputSpec
@@ -16,6 +17,9 @@ from inferchain.layout import Layout
 from inferchain.memory import MemoryPlan, plan
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
+
+if TYPE_CHECKING:
+    from inferchain.core.engine import ExecutionEngine
 
 
 @attrs.define
@@ -29,6 +33,7 @@ class LoadedModel:
     info: ModelInfo  # inputs, outputs, metadata
     memory: MemoryPlan  # its row of the memory budget table
     pool: StatePool | None = None  # a stateful model's sequence slots (recipe `state:`)
+    steps: PendingSteps | None = None  # its sequences' next steps, until they form batches
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -133,6 +138,23 @@ def state_pool(model: LoadedModel, recipe: Recipe) -> StatePool | None:
     shapes = [tuple(int(d) for d in spec.shapes[i]) for _, i, _ in carried]  # type: ignore[arg-type]
     dtypes = [spec.dtypes[i] for _, i, _ in carried]
     return StatePool(config.name, carried, shapes, dtypes, config.max_sequences)
+
+
+def pending_steps(model: LoadedModel, engine: ExecutionEngine) -> PendingSteps:
+    """The step queue of a stateful model, feeding `engine` (after `state_pool`)."""
+    assert model.pool is not None
+    config = model.config
+    return PendingSteps(
+        model.pool,
+        model.spec,
+        names=model.output_names,
+        key_of=model.shapes.key_of,
+        batch_rows=config.batch_rows,
+        delay_s=config.max_queue_delay_ms / 1000.0,
+        cohorts=max(STEP_COHORTS, config.instances),
+        on_cancel=engine.cancelled,
+        wake=engine.wake,
+    )
 
 
 def all_workers(groups: Iterable[list[ModelWorker]]) -> list[ModelWorker]:

@@ -27,7 +27,7 @@ from inferchain.inputs import Item, batch_key, runs, stack
 from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
-from inferchain.models import LoadedModel, load_models
+from inferchain.models import LoadedModel, load_models, pending_steps
 from inferchain.pipeline import Pipeline, PipelineDriver, load_pipeline
 from inferchain.sequence import LiveSequence
 from inferchain.shapes import ShapePolicy
@@ -91,9 +91,12 @@ class OfflineInference:
             self.recipe.models,
             {name: m.memory.request_bytes for name, m in self._models.items()},
         )
+        for m in self._models.values():
+            if m.pool is not None:
+                m.steps = pending_steps(m, engine)
         engine.start(
             scheduler,
-            [(m.config, m.workers, m.shapes) for m in self._models.values()],
+            [(m.config, m.workers, m.shapes, m.steps) for m in self._models.values()],
             inline=not backend.thread_affine,
         )
         self._engine = engine
@@ -125,6 +128,7 @@ class OfflineInference:
             self._phase = "closing"
         engine = self._engine
         if engine is not None:
+            self.flush_steps()  # queued sequence steps run before the drain
             timeout = (
                 self.recipe.scheduler.drain_timeout_s if drain_timeout is None else drain_timeout
             )
@@ -237,17 +241,45 @@ class OfflineInference:
         )
 
     def _step(
-        self, model: str, inputs: dict[str, Any], slot: int, options: dict[str, Any]
+        self, model: str, inputs: Mapping[str, Any], slot: int, options: dict[str, Any]
     ) -> Request:
-        """Submit one step of the sequence in `slot`: a one-row Work reading its state."""
+        """Submit one step of the sequence in `slot`. A plain step joins the model's
+        PendingSteps, which hands the engine one Work per step batch; a step with a
+        priority or a timeout is a one-row Work of its own."""
         unknown = sorted(set(options) - {"priority", "timeout", "callback"})
         if unknown:
             raise TypeError(f"step() got unexpected options {unknown}")
-        (work,) = self._works(model, (inputs,), per_item=True, **options)
-        work.slot = slot
-        self._running_engine().submit(work)
-        assert work.requests is not None
-        return work.requests[0]
+        loaded = self._model(model)
+        steps = loaded.steps
+        assert steps is not None
+        item, key = steps.item(inputs, slot)
+        if options.keys() - {"callback"}:
+            (work,) = self._works(model, (item,), per_item=True, **options)
+            work.slots = np.array([slot], dtype=np.intp)
+            self._running_engine().submit(work)
+            assert work.requests is not None
+            return work.requests[0]
+        request = Request(
+            self._take_ids(1),
+            model,
+            item,
+            callback=options.get("callback"),
+            on_cancel=steps.cancelled,
+            lock=steps.lock,
+        )
+        formed = steps.add(request, slot, item, key)
+        if formed is not None:
+            self._running_engine().submit(formed)
+        return request
+
+    def flush_steps(self) -> None:
+        """Send the sequence steps queued so far as batches now, without waiting for more
+        sequences to join (a pipeline driver calls it before it waits)."""
+        engine = self._engine
+        for m in self._models.values():
+            if m.steps is not None and m.steps.num_pending and engine is not None:
+                for work in m.steps.flush():
+                    engine.submit(work)
 
     def infer(self, model: str, inputs: Any, timeout: float | None = None) -> Outputs:
         """Run one item and wait: its outputs, or raise its error.
@@ -530,7 +562,10 @@ class OfflineInference:
     def wait_all(self, timeout: float | None = None) -> bool:
         """WaitForAllTaskDone: True once everything submitted has ended (within `timeout`
         seconds in all)."""
-        return self._engine.wait_all(timeout) if self._engine is not None else True
+        if self._engine is None:
+            return True
+        self.flush_steps()
+        return self._engine.wait_all(timeout)
 
     def cancel_all(self) -> int:
         """Cancel everything not yet running; returns how many requests were cancelled."""

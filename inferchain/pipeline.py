@@ -147,12 +147,17 @@ class PipelineDriver:
         *,
         max_in_flight: int = 64,
         on_error: Literal["raise", "return"] = "raise",
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
+        """`on_idle` is called each time every item in flight waits for the engine, just
+        before the driver blocks; by default the pipeline's `oi.flush_steps` (its queued
+        sequence steps go to the engine then: no other item of this driver can step first)."""
         if max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self._pipeline = pipeline
         self._limit = max_in_flight
         self._on_error = on_error
+        self._on_idle = on_idle if on_idle is not None else pipeline.oi.flush_steps
         self._events: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         self._results: dict[int, tuple[bool, Any]] = {}  # index -> (ok, result or error)
         self._active: dict[int, _Task] = {}
@@ -178,7 +183,10 @@ class PipelineDriver:
                 if exhausted and not self._active and not self._results:
                     return
                 if self._active:
-                    self._resume(self._events.get())
+                    events = self._events
+                    if events.empty():
+                        self._on_idle()
+                    self._resume(events.get())
         finally:
             for task in self._active.values():
                 for r in _requests(task.step):

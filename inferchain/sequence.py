@@ -20,7 +20,7 @@ from inferchain.core.request import Request, RequestState
 from inferchain.core.sequences import StatePool
 from inferchain.errors import Closed, InvalidInput, RequestError
 
-SubmitStep = Callable[[dict[str, Any], int, dict[str, Any]], Request]
+SubmitStep = Callable[[Mapping[str, Any], int, dict[str, Any]], Request]
 
 
 class LiveSequence:
@@ -69,10 +69,7 @@ class LiveSequence:
                 f"sequence of model {self.model!r}: inputs {given} are carried by the "
                 "sequence (the recipe's `state:`); pass only the others"
             )
-        full = dict(inputs)
-        for name, i in pool.inputs.items():
-            full[name] = pool.row(i, self.slot)
-        request = self._submit(full, self.slot, options)
+        request = self._submit(inputs, self.slot, options)
         self._last = request
         self.steps += 1
         return request

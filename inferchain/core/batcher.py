@@ -4,9 +4,10 @@ The batch key is the shape key, and for a model with unbatched inputs their valu
 only rows with equal keys share a batch.
 
 A group is sent when it holds a full batch, when its oldest row has waited the batching
-window (`max_queue_delay_ms`), or at once when every worker of the model is idle (waiting
-could only add latency then). Rows are taken in order; a Work may span several batches and
-a batch may hold rows of several Works.
+window (`max_queue_delay_ms`), at once when every worker of the model is idle (waiting
+could only add latency then), or at once when its oldest work is a batch already formed (a
+batch of sequence steps, `PendingSteps`). Rows are taken in order; a Work may span
+several batches and a batch may hold rows of several Works.
 """
 
 from __future__ import annotations
@@ -55,7 +56,12 @@ class ModelBatcher:
             head = group[0].admitted
             if head is None:
                 head = now
-            if all_idle or self._rows[key] >= self.max_rows or head + self.delay <= now:
+            if (
+                all_idle
+                or group[0].formed
+                or self._rows[key] >= self.max_rows
+                or head + self.delay <= now
+            ):
                 if head < best_t:
                     best, best_t = key, head
             else:

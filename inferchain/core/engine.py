@@ -35,6 +35,7 @@ from inferchain.core.callbacks import CallbackThread
 from inferchain.core.records import Batch, BatchResult, BatchTiming, Plan, Slice, WorkerChanged
 from inferchain.core.request import Request, RequestState, advance, conclude
 from inferchain.core.scheduler import Scheduler
+from inferchain.core.sequences import PendingSteps
 from inferchain.core.work import Work
 from inferchain.core.worker import ModelWorker
 from inferchain.errors import BackendError, Closed, QueueFull, RequestCancelled, RequestTimeout
@@ -54,14 +55,20 @@ INLINE_S = 0.0005  # streams run on the caller's thread when a model's batches a
 class _Model:
     """One model as the engine sees it: its batcher, its workers and their free streams."""
 
-    def __init__(self, config: ModelConfig, workers: Sequence[ModelWorker], shapes: ShapePolicy):
+    def __init__(
+        self,
+        config: ModelConfig,
+        workers: Sequence[ModelWorker],
+        shapes: ShapePolicy,
+        steps: PendingSteps | None = None,
+    ):
         self.config = config
         self.name = config.name
         self.batcher = ModelBatcher(config)
         self.workers = workers
         self.crops = shapes.crops
         self.fail_fast = config.health.while_unhealthy == "fail"
-        self.pool = workers[0].pool if workers else None  # a stateful model's sequences
+        self.steps = steps  # a stateful model's sequence steps not yet in a batch
         # Streams of each worker that hold no batch (the engine is their one writer). A
         # worker with one stream takes several batches at once on it, as many as run in
         # about QUEUE_S (at least 2): the next ones wait in its queue while one runs, so
@@ -137,13 +144,15 @@ class ExecutionEngine:
     def start(
         self,
         scheduler: Scheduler,
-        models: Iterable[tuple[ModelConfig, Sequence[ModelWorker], ShapePolicy]],
+        models: Iterable[
+            tuple[ModelConfig, Sequence[ModelWorker], ShapePolicy, PendingSteps | None]
+        ],
         *,
         inline: bool,
     ) -> None:
         """Take the loaded workers and start the loop and callback threads."""
         self._scheduler = scheduler
-        self._models = {c.name: _Model(c, w, s) for c, w, s in models}
+        self._models = {c.name: _Model(c, w, s, steps) for c, w, s, steps in models}
         self._inline = inline
         self._callbacks.start()
         self._thread.start()
@@ -375,11 +384,18 @@ class ExecutionEngine:
         if submitted:
             while submitted:
                 scheduler.add(submitted.popleft())
+        next_due = float("inf")
+        for model in self._models.values():
+            if model.steps is not None:  # sequence steps whose batching window has passed
+                works, due = model.steps.due(now)
+                next_due = min(next_due, due)
+                for work in works:
+                    self._accept(work)
         plan = scheduler.schedule(now)
         while plan.admitted or plan.expired or plan.failed:
             self._apply(plan)  # ending rows may unblock, fail or make room for others
             plan = scheduler.schedule(now)
-        next_due = scheduler.next_deadline
+        next_due = min(next_due, scheduler.next_deadline)
         for model in self._models.values():
             if model.batcher.num_ready:
                 next_due = min(next_due, self._dispatch(model, now))
@@ -418,14 +434,12 @@ class ExecutionEngine:
             return float("inf")
         all_idle = all(model.idle(w) for w in healthy)
         batcher = model.batcher
-        if all_idle and model.pool is not None and batcher.num_ready < model.pool.num_live:
-            # the other live sequences' next steps are on their way: give them the batching
-            # window to join, so the steps of all sequences run as one batch
-            all_idle = False
         while batcher.groups:
-            worker = max(healthy, key=lambda w: room[w.index])  # the least loaded first
-            if room[worker.index] <= 0:
+            # the least loaded first: fewest batches in flight, then the most room
+            open_ = [w for w in healthy if room[w.index] > 0]
+            if not open_:
                 break
+            worker = min(open_, key=lambda w: (model.in_flight[w.index], -room[w.index]))
             key, due_at = batcher.due(now, all_idle)
             if key is None:
                 return due_at
@@ -596,8 +610,21 @@ class ExecutionEngine:
     def _register(self, work: Work) -> None:
         with self._drained:
             self._outstanding += 1
-        if work.requests is not None:
-            self.live.update(zip(range(work.id, work.id + work.rows), work.requests, strict=True))
+        requests = work.requests
+        if requests is not None:
+            if work.formed:  # a batch of sequence steps: their ids are not consecutive
+                self.live.update((r.id, r) for r in requests)
+            else:
+                self.live.update(zip(range(work.id, work.id + work.rows), requests, strict=True))
+
+    def _accept(self, work: Work) -> None:
+        """`submit` from the loop itself (never blocks: the rows count against the queue
+        like any others)."""
+        with self._space:
+            self._queued += work.rows
+        self._register(work)
+        assert self._scheduler is not None
+        self._scheduler.add(work)
 
     def _unqueue(self, rows: int) -> None:
         with self._space:

@@ -14,12 +14,19 @@ sequence's state.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from inferchain.core.records import Batch
+from inferchain.core.request import Request
+from inferchain.core.work import Work
 from inferchain.errors import InvalidInput, QueueFull
+from inferchain.inputs import InputSpec, batch_key, shared_values
+
+STEP_COHORTS = 2  # a stateful model's live sequences step in this many batches at least
 
 
 class StatePool:
@@ -80,24 +87,23 @@ class StatePool:
             self._free.append(slot)
             self._cond.notify()
 
-    def row(self, input_index: int, slot: int) -> np.ndarray:
-        """The slot's current value of a carried input (a view, item-shaped)."""
-        row: np.ndarray = self.arrays[input_index][slot]
-        return row
-
     def write_back(self, batch: Batch, outputs: Sequence[np.ndarray]) -> None:
         """Store the carried outputs of the batch's sequence rows into their slots (worker
-        thread, after the run). Rows of works that are not steps are left alone."""
-        rows: list[int] = []  # positions in the batch
-        slots: list[int] = []  # their slots
+        thread, after the run): one fancy-index assignment per carried input. Rows of
+        works that are not steps are left alone."""
+        rows: list[np.ndarray] = []  # positions in the batch
+        slots: list[np.ndarray] = []  # their slots
         for s in batch.slices:
-            if s.work.slot is not None:
-                rows.append(s.offset)
-                slots.append(s.work.slot)
+            work_slots = s.work.slots
+            if work_slots is not None:
+                rows.append(np.arange(s.offset, s.offset + s.rows))
+                slots.append(work_slots[s.start : s.stop])
         if not rows:
             return
+        at = rows[0] if len(rows) == 1 else np.concatenate(rows)
+        to = slots[0] if len(slots) == 1 else np.concatenate(slots)
         for out, i, _ in self.carried:
-            self.arrays[i][slots] = outputs[out][rows]
+            self.arrays[i][to] = outputs[out][at]
 
     def _checked(self, name: str, i: int, value: np.ndarray) -> np.ndarray:
         expected = self.arrays[i].shape[1:]
@@ -108,3 +114,172 @@ class StatePool:
                 f"{expected}, got {array.shape}"
             )
         return array
+
+
+class PendingSteps:
+    """The next steps of one stateful model's live sequences, until they form a batch.
+
+    A step is checked and queued here, grouped by batch key; a group leaves as one Work (its
+    requests, its rows' slots, every input gathered at once: a carried input is one
+    fancy-index of the pool, the others one `np.stack`) when
+    - it holds a cohort: `ceil(live / cohorts)` steps, at most a batch (several cohorts
+      keep the host's step code of one running while the model runs another's batch);
+    - `flush()` is called: a pipeline driver with nothing left to resume calls it before it
+      waits (no other sequence of its own can step before then);
+    - its oldest step has waited the model's batching window (`due()`, the engine's loop).
+    Every step request and step Work of the model share `lock`, so a cancel and the forming
+    of a batch never race.
+    """
+
+    def __init__(
+        self,
+        pool: StatePool,
+        spec: InputSpec,
+        *,
+        names: tuple[str, ...],
+        key_of: Callable[[tuple[tuple[int, ...], ...]], tuple[tuple[int, ...], ...]],
+        batch_rows: int,
+        delay_s: float,
+        cohorts: int,
+        on_cancel: Callable[[Request | Work], None],
+        wake: Callable[[], None],
+    ) -> None:
+        self.pool = pool
+        self.spec = spec
+        self.names = names  # the model's output names
+        self.key_of = key_of  # exact item shapes -> shape key (the model's ShapePolicy)
+        self.batch_rows = batch_rows
+        self.delay_s = delay_s
+        self.cohorts = max(1, cohorts)
+        self.lock = threading.RLock()
+        self._on_cancel = on_cancel  # the engine's: a cancel of a step already in a Work
+        self._wake = wake
+        self._groups: dict[Hashable, _Group] = {}
+        self._carried = frozenset(i for _, i, _ in pool.carried)
+        self._fixed_shapes = None not in (d for s in spec.shapes for d in s)
+
+    @property
+    def num_pending(self) -> int:
+        return sum(len(g.requests) for g in self._groups.values())
+
+    def item(self, inputs: Mapping[str, Any], slot: int) -> tuple[tuple[np.ndarray, ...], Hashable]:
+        """One step's arrays in the model's input order (the carried ones: views of the
+        slot) and its batch key; raises `InvalidInput` naming what is wrong."""
+        spec, pool = self.spec, self.pool
+        item = spec.step_item(inputs, {i: pool.arrays[i][slot] for i in pool.inputs.values()})
+        shapes: Hashable = None if self._fixed_shapes else tuple(a.shape for a in item)
+        key = (shapes, shared_values(item, spec.shared)) if spec.shared else shapes
+        return item, key
+
+    def add(
+        self, request: Request, slot: int, item: tuple[np.ndarray, ...], key: Hashable
+    ) -> Work | None:
+        """Queue a step; returns the Work of its group when the group is complete."""
+        with self.lock:
+            group = self._groups.get(key)
+            first = group is None
+            if group is None:
+                group = self._groups[key] = _Group(time.perf_counter())
+            group.requests.append(request)
+            group.slots.append(slot)
+            group.items.append(item)
+            if len(group.requests) >= self._cohort():
+                return self._form(key)
+        if first:
+            self._wake()  # the loop times the group's window
+        return None
+
+    def flush(self) -> list[Work]:
+        """Every group, as Works (possibly partial batches)."""
+        with self.lock:
+            return [w for key in list(self._groups) if (w := self._form(key)) is not None]
+
+    def due(self, now: float) -> tuple[list[Work], float]:
+        """The groups whose window has passed, as Works, and when the next one's passes."""
+        works: list[Work] = []
+        next_due = float("inf")
+        with self.lock:
+            for key, group in list(self._groups.items()):
+                at = group.since + self.delay_s
+                if at <= now:
+                    work = self._form(key)
+                    if work is not None:
+                        works.append(work)
+                else:
+                    next_due = min(next_due, at)
+        return works, next_due
+
+    def cancelled(self, request: Request) -> None:
+        """A step request was cancelled (any thread): the engine hears of it once it is in
+        a Work; a step still queued here is left out when its group forms."""
+        with self.lock:
+            if request.work is None:
+                return
+        self._on_cancel(request)
+
+    def _cohort(self) -> int:
+        live = self.pool.num_live
+        return max(1, min(self.batch_rows, -(-live // self.cohorts)))
+
+    def _column(self, i: int, items: list[tuple[np.ndarray, ...]], slots: np.ndarray) -> np.ndarray:
+        """Input `i` of a step batch, rows first: the slots' state of a carried input, the
+        one value of an unbatched input seen in every row, or the steps' rows stacked."""
+        if i in self._carried:
+            column: np.ndarray = self.pool.arrays[i][slots]
+            return column
+        first = items[0][i]
+        if i in self.spec.shared:
+            return np.broadcast_to(first, (len(items), *first.shape))
+        return first[None] if len(items) == 1 else np.stack([it[i] for it in items])
+
+    def _form(self, key: Hashable) -> Work | None:
+        """Group `key` as one WAITING Work (under `lock`); None when all its steps ended."""
+        group = self._groups.pop(key)
+        keep = [j for j, r in enumerate(group.requests) if not r.done()]
+        if not keep:
+            return None
+        if len(keep) < len(group.requests):
+            group.keep(keep)
+        requests = tuple(group.requests)
+        slots = np.array(group.slots, dtype=np.intp)
+        items = group.items
+        pool, shared = self.pool, self.spec.shared
+        inputs = tuple(self._column(i, items, slots) for i in range(len(self.spec.names)))
+        exact = tuple(a.shape[1:] for a in inputs)
+        shape_key = self.key_of(exact)
+        work = Work(
+            requests[0].id,
+            pool.model,
+            inputs,
+            shape_key=shape_key,
+            batch_key=batch_key(shape_key, inputs, shared) if shared else shape_key,
+            exact=exact,
+            names=self.names,
+            submitted=group.since,
+            requests=requests,
+            on_cancel=self._on_cancel,
+            lock=self.lock,
+        )
+        work.slots = slots
+        work.formed = True
+        for j, r in enumerate(requests):
+            r.work = work
+            r.row = j
+        return work
+
+
+class _Group:
+    """Steps of one batch key, in arrival order."""
+
+    __slots__ = ("items", "requests", "since", "slots")
+
+    def __init__(self, since: float) -> None:
+        self.since = since  # when its first step arrived
+        self.requests: list[Request] = []
+        self.slots: list[int] = []
+        self.items: list[tuple[np.ndarray, ...]] = []
+
+    def keep(self, positions: list[int]) -> None:
+        self.requests = [self.requests[j] for j in positions]
+        self.slots = [self.slots[j] for j in positions]
+        self.items = [self.items[j] for j in positions]

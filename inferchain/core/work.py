@@ -35,6 +35,7 @@ class Work:
         "deadline",
         "depends_on",
         "exact",
+        "formed",
         "held",
         "id",
         "inputs",
@@ -50,7 +51,7 @@ class Work:
         "rows",
         "settled",
         "shape_key",
-        "slot",
+        "slots",
         "state",
         "submitted",
         "taken",
@@ -74,6 +75,7 @@ class Work:
         requests: tuple[Request, ...] | None = None,
         on_cancel: Callable[[Work], None] | None = None,
         listener: Callable[[Work], None] | None = None,
+        lock: threading.RLock | None = None,
     ) -> None:
         self.id = id  # unique per OfflineInference; orders equal priorities (FIFO)
         self.model = model
@@ -94,13 +96,16 @@ class Work:
         self.deadline = deadline  # perf_counter seconds before which rows must start; or None
         self.depends_on = depends_on  # requests that must end DONE before any row runs
         self.requests = requests  # one per row where the caller asked for Request objects
-        self.lock = threading.RLock()  # shared by those requests: their transitions batch
+        # shared by those requests: their transitions batch (a stateful model's step works
+        # share one lock for all of them)
+        self.lock = threading.RLock() if lock is None else lock
         self.submitted = submitted  # perf_counter at submit
         self.admitted: float | None = None  # perf_counter when the Scheduler admitted it
         self.state = RequestState.WAITING  # of the work as a whole; terminal once settled
         self.taken = 0  # rows handed to batches (or dropped), in row order
         self.held = False  # a ModelBatcher holds it (rows not yet taken into batches)
-        self.slot: int | None = None  # a sequence step: its StatePool slot (one row)
+        self.slots: np.ndarray | None = None  # sequence steps: each row's StatePool slot
+        self.formed = False  # a batch already (sequence steps): the batcher sends it at once
         self.settled = 0  # rows that ended (outputs, error, cancelled, timed out)
         self.pieces: list[Piece] = []  # results by row range, for works without requests
         self.cancelled = False  # set by `cancel()` (any thread); rows not taken are dropped
