@@ -153,6 +153,7 @@ def pending_steps(model: LoadedModel, engine: ExecutionEngine) -> PendingSteps:
         delay_s=config.max_queue_delay_ms / 1000.0,
         cohorts=max(STEP_COHORTS, config.instances),
         on_cancel=engine.cancelled,
+        submit=engine.submit_steps,
         wake=engine.wake,
     )
 

@@ -267,19 +267,15 @@ class OfflineInference:
             on_cancel=steps.cancelled,
             lock=steps.lock,
         )
-        formed = steps.add(request, slot, item, key)
-        if formed is not None:
-            self._running_engine().submit(formed)
+        steps.add(request, slot, item, key)
         return request
 
     def flush_steps(self) -> None:
         """Send the sequence steps queued so far as batches now, without waiting for more
         sequences to join (a pipeline driver calls it before it waits)."""
-        engine = self._engine
         for m in self._models.values():
-            if m.steps is not None and m.steps.num_pending and engine is not None:
-                for work in m.steps.flush():
-                    engine.submit(work)
+            if m.steps is not None and m.steps.num_pending:
+                m.steps.flush()
 
     def infer(self, model: str, inputs: Any, timeout: float | None = None) -> Outputs:
         """Run one item and wait: its outputs, or raise its error.

@@ -70,6 +70,70 @@ def test_steps_of_many_sequences_batch_together(acc_path: Path) -> None:
     assert max(sizes) > 1  # steps of different sequences shared batches
 
 
+LONG = 60_000  # ms: a batching window no test waits for
+
+
+def test_live_sequences_step_in_cohorts_of_one_batch_each(acc_path: Path) -> None:
+    """4 live sequences step in 2 Works of 2: a cohort of steps leaves as soon as it is
+    complete, without waiting for the window (the engine may still run both as one batch)."""
+    one = np.ones(W, np.float32)
+    with ic.OfflineInference(acc_recipe(acc_path, max_queue_delay_ms=LONG)) as oi:
+        seqs = [oi.sequence("acc") for _ in range(4)]
+        reqs = [s.step({"x": one * (i + 1)}) for i, s in enumerate(seqs)]
+        works = [r.work for r in reqs]
+        totals = [r.result(timeout=10)["total"] for r in reqs]
+        sizes = oi.stats().models["acc"].batch_sizes
+        for s in seqs:
+            s.close()
+    assert works[0] is works[1] and works[2] is works[3] and works[1] is not works[2]
+    assert sum(n * k for n, k in sizes.items()) == 4 and sum(sizes.values()) <= 2
+    for i, total in enumerate(totals):
+        np.testing.assert_array_equal(total, one * (i + 1))
+
+
+def test_a_step_waiting_for_its_cohort_runs_at_wait_all_and_close(acc_path: Path) -> None:
+    one = np.ones(W, np.float32)
+    oi = ic.OfflineInference(acc_recipe(acc_path, max_queue_delay_ms=LONG)).init()
+    seqs = [oi.sequence("acc") for _ in range(3)]  # a cohort is 2 steps
+    first = seqs[0].step({"x": one})
+    assert first.state is S.WAITING
+    assert oi.wait_all(timeout=10)  # sends what is queued, then waits for it
+    np.testing.assert_array_equal(first.result(timeout=0)["total"], one)
+    second = seqs[0].step({"x": one})
+    oi.close()  # the queued step runs before the drain
+    assert second.state is S.DONE
+    np.testing.assert_array_equal(second.outputs["total"], 2 * one)  # type: ignore[index]
+
+
+def test_a_step_alone_leaves_after_the_batching_window(acc_path: Path) -> None:
+    one = np.ones(W, np.float32)
+    with ic.OfflineInference(acc_recipe(acc_path, max_queue_delay_ms=20)) as oi:
+        seqs = [oi.sequence("acc") for _ in range(3)]
+        out = seqs[1].step({"x": one}).result(timeout=10)["total"]
+        for s in seqs:
+            s.close()
+    np.testing.assert_array_equal(out, one)
+
+
+def test_a_cancelled_step_leaves_its_cohort_and_the_rest_run(acc_path: Path) -> None:
+    one = np.ones(W, np.float32)
+    with ic.OfflineInference(acc_recipe(acc_path, max_queue_delay_ms=LONG)) as oi:
+        seqs = [oi.sequence("acc") for _ in range(4)]
+        doomed = seqs[0].step({"x": one})
+        assert doomed.cancel()
+        with pytest.raises(ic.RequestError, match="CANCELLED"):
+            seqs[0].step({"x": one})  # its sequence cannot go on
+        seqs[0].close()  # 3 live: a cohort is 2 steps
+        a, b = seqs[1].step({"x": one}), seqs[2].step({"x": 2 * one})
+        np.testing.assert_array_equal(a.result(timeout=10)["total"], one)
+        np.testing.assert_array_equal(b.result(timeout=10)["total"], 2 * one)
+        assert doomed.state is S.CANCELLED
+        assert oi.stats().models["acc"].batch_sizes == {2: 1}
+        for s in seqs[1:]:
+            s.close()
+        assert oi.wait_all(timeout=10)
+
+
 def test_slots_are_reused_and_bounded(acc_path: Path) -> None:
     with ic.OfflineInference(acc_recipe(acc_path, max_sequences=2)) as oi:
         a, b = oi.sequence("acc"), oi.sequence("acc")

@@ -215,6 +215,17 @@ class ExecutionEngine:
         self._submitted.append(work)
         self.wake()
 
+    def submit_steps(self, work: Work) -> None:
+        """Queue a formed batch of sequence steps (`PendingSteps`; any thread). Never blocks:
+        steps are bounded by the model's `max_sequences`, one each at most."""
+        with self._space:
+            if self._stopping:
+                raise Closed("the engine is stopped")
+            self._queued += work.rows
+        self._register(work)
+        self._submitted.append(work)
+        self.wake()
+
     def cancelled(self, item: Request | Work) -> None:
         """A request was cancelled, or a work's untaken rows should be (any thread)."""
         self._cancelled.append(item)
@@ -377,13 +388,19 @@ class ExecutionEngine:
                 with self._drained:
                     self._recovering -= 1
                     self._drained.notify_all()
+        # cancels taken before submissions: the work of any cancel taken here was submitted
+        # before it (a sequence step's work is submitted before its requests can tell the
+        # engine of a cancel), so it is in the Scheduler when its cancel is handled
+        cancels = []
         cancelled = self._cancelled
         while cancelled:
-            self._on_cancelled(cancelled.popleft())
+            cancels.append(cancelled.popleft())
         submitted = self._submitted
         if submitted:
             while submitted:
                 scheduler.add(submitted.popleft())
+        for item in cancels:
+            self._on_cancelled(item)
         next_due = float("inf")
         for model in self._models.values():
             if model.steps is not None:  # sequence steps whose batching window has passed

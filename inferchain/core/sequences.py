@@ -3,10 +3,11 @@
 A model whose recipe names `state: {stateN: state}` carries an output of one step into an
 input of the next. Each live sequence holds one slot of the model's `StatePool` (one row per
 carried input, rows first like every row inside the framework), opened with the initial state
-(zeros, or values the caller gives). A step is an ordinary one-row Work whose carried inputs
-are read from its slot; after its batch has run, the worker writes the batch's carried
-outputs back into the slots of its rows with one fancy-index assignment per carried input.
-Steps of one sequence run one after the other (the next is submitted once the previous has
+(zeros, or values the caller gives). The next steps of the live sequences wait in the
+model's `PendingSteps` until they make a batch: one Work whose carried inputs are gathered
+from their slots with one fancy-index per carried input. After the batch has run, the worker
+writes the carried outputs back into the slots of its rows the same way. Steps of one
+sequence run one after the other (the next is submitted once the previous has
 ended), so a slot is never read and written at once, and a step never sees another
 sequence's state.
 """
@@ -142,6 +143,7 @@ class PendingSteps:
         delay_s: float,
         cohorts: int,
         on_cancel: Callable[[Request | Work], None],
+        submit: Callable[[Work], None],
         wake: Callable[[], None],
     ) -> None:
         self.pool = pool
@@ -153,6 +155,7 @@ class PendingSteps:
         self.cohorts = max(1, cohorts)
         self.lock = threading.RLock()
         self._on_cancel = on_cancel  # the engine's: a cancel of a step already in a Work
+        self._submit = submit  # the engine's, for a formed Work (called under `lock`)
         self._wake = wake
         self._groups: dict[Hashable, _Group] = {}
         self._carried = frozenset(i for _, i, _ in pool.carried)
@@ -173,8 +176,8 @@ class PendingSteps:
 
     def add(
         self, request: Request, slot: int, item: tuple[np.ndarray, ...], key: Hashable
-    ) -> Work | None:
-        """Queue a step; returns the Work of its group when the group is complete."""
+    ) -> None:
+        """Queue a step; its group goes to the engine once it is a whole cohort."""
         with self.lock:
             group = self._groups.get(key)
             first = group is None
@@ -184,18 +187,27 @@ class PendingSteps:
             group.slots.append(slot)
             group.items.append(item)
             if len(group.requests) >= self._cohort():
-                return self._form(key)
+                self._send(key)
+                return
         if first:
             self._wake()  # the loop times the group's window
-        return None
 
-    def flush(self) -> list[Work]:
-        """Every group, as Works (possibly partial batches)."""
+    def flush(self) -> None:
+        """Send every group to the engine now (possibly partial batches)."""
         with self.lock:
-            return [w for key in list(self._groups) if (w := self._form(key)) is not None]
+            for key in list(self._groups):
+                self._send(key)
+
+    def _send(self, key: Hashable) -> None:
+        """Group `key` to the engine, under `lock`: a cancel of one of its steps reaches the
+        engine only after the Work has."""
+        work = self._form(key)
+        if work is not None:
+            self._submit(work)
 
     def due(self, now: float) -> tuple[list[Work], float]:
-        """The groups whose window has passed, as Works, and when the next one's passes."""
+        """The groups whose window has passed, as Works, and when the next one's passes
+        (the engine's loop, which queues them itself)."""
         works: list[Work] = []
         next_due = float("inf")
         with self.lock:
@@ -210,10 +222,15 @@ class PendingSteps:
         return works, next_due
 
     def cancelled(self, request: Request) -> None:
-        """A step request was cancelled (any thread): the engine hears of it once it is in
-        a Work; a step still queued here is left out when its group forms."""
+        """A step request was cancelled (any thread): a step still queued here leaves its
+        group; the engine hears of one already in a Work."""
         with self.lock:
             if request.work is None:
+                for key, group in self._groups.items():
+                    if group.drop(request):
+                        if not group.requests:
+                            del self._groups[key]
+                        return
                 return
         self._on_cancel(request)
 
@@ -278,6 +295,14 @@ class _Group:
         self.requests: list[Request] = []
         self.slots: list[int] = []
         self.items: list[tuple[np.ndarray, ...]] = []
+
+    def drop(self, request: Request) -> bool:
+        """Remove `request`; False when it is not in this group."""
+        for j, r in enumerate(self.requests):
+            if r is request:
+                del self.requests[j], self.slots[j], self.items[j]
+                return True
+        return False
 
     def keep(self, positions: list[int]) -> None:
         self.requests = [self.requests[j] for j in positions]
