@@ -19,7 +19,15 @@ import numpy as np
 
 from inferchain.core.records import NO_STAGES, Batch, BatchTiming
 
-__all__ = ["NO_STAGES", "BatchTiming", "Metrics", "ModelMetrics", "ModelStats", "Stats"]
+__all__ = [
+    "NO_STAGES",
+    "BatchTiming",
+    "Metrics",
+    "ModelMetrics",
+    "ModelStats",
+    "SequenceStats",
+    "Stats",
+]
 
 STAGES = ("queue", "batch_wait", "execute", "end_to_end")  # always recorded, per request
 RUN = "run"  # Session.run per batch, counted once per request of the batch
@@ -52,6 +60,22 @@ class Percentiles:
 
 
 @attrs.frozen
+class SequenceStats:
+    """A stateful model's sequence steps (`oi.sequence`)."""
+
+    steps: int  # steps that ran and succeeded (rows of step batches)
+    steps_per_s: float  # steps per second between the first submit and the last result
+    step_batches: int  # batches that ran steps
+    rows_per_step: float  # mean steps per step batch
+    live_mean: float  # live sequences when a step batch formed, on average
+    live_max: int  # and at most
+    queue_ms: Percentiles  # per step: step() -> its batch starts (queued and batch_wait)
+
+    def to_dict(self) -> dict[str, object]:
+        return {**attrs.asdict(self, recurse=False), "queue_ms": self.queue_ms.to_dict()}
+
+
+@attrs.frozen
 class ModelStats:
     """One model's figures."""
 
@@ -63,6 +87,7 @@ class ModelStats:
     throughput: float  # DONE items per second between first submit and last completion
     latency_ms: Percentiles  # end to end, submit -> DONE
     stages: Mapping[str, Percentiles]  # queue, batch_wait, execute
+    sequences: SequenceStats | None = None  # a stateful model's steps, once any ran
 
     @property
     def mean_batch_size(self) -> float:
@@ -79,6 +104,7 @@ class ModelStats:
             "throughput": self.throughput,
             "latency_ms": self.latency_ms.to_dict(),
             "stages": {k: v.to_dict() for k, v in self.stages.items()},
+            "sequences": None if self.sequences is None else self.sequences.to_dict(),
         }
 
 
@@ -165,6 +191,18 @@ class ModelMetrics:
         # per slice: (rows, submitted, admitted, dispatched, end, ok)
         self._slices: deque[tuple[int, float, float, float, float, bool]] = deque(maxlen=_CAPACITY)
         self.timeline: deque[BatchTiming] = deque(maxlen=_TIMELINE)
+        self.steps = 0  # sequence steps run, and the batches they ran in
+        self.step_batches = 0
+        self._formed = 0  # step batches formed, and the live sequences at each
+        self._live_sum = 0
+        self._live_max = 0
+
+    def record_steps_formed(self, live: int) -> None:
+        """A batch of sequence steps formed while `live` sequences were open."""
+        with self._lock:
+            self._formed += 1
+            self._live_sum += live
+            self._live_max = max(self._live_max, live)
 
     def record_batch(self, timing: BatchTiming, batch: Batch) -> None:
         """Count a finished batch and keep the stamps of its slices."""
@@ -187,6 +225,9 @@ class ModelMetrics:
             self.last_done = end
             self._slices.extend(slices)
             self.timeline.append(timing)
+            if timing.steps and ok:
+                self.steps += timing.steps
+                self.step_batches += 1
 
     def samples(self) -> dict[str, np.ndarray]:
         """Seconds per stage (`end_to_end` included), the latest samples of each."""
@@ -231,8 +272,23 @@ class ModelMetrics:
                 throughput=self.requests / span if span > 0 else 0.0,
                 latency_ms=Percentiles.of(samples["end_to_end"]),
                 stages=_stage_percentiles(samples),
+                sequences=self._sequences(span, samples),
             )
         return stats, samples
+
+    def _sequences(self, span: float, samples: Mapping[str, np.ndarray]) -> SequenceStats | None:
+        """The step figures (under `_lock`); None when no step ran."""
+        if not self.steps:
+            return None
+        return SequenceStats(
+            steps=self.steps,
+            steps_per_s=self.steps / span if span > 0 else 0.0,
+            step_batches=self.step_batches,
+            rows_per_step=self.steps / self.step_batches,
+            live_mean=self._live_sum / self._formed if self._formed else 0.0,
+            live_max=self._live_max,
+            queue_ms=Percentiles.of(samples["queue"] + samples["batch_wait"]),
+        )
 
 
 def _stage_percentiles(samples: Mapping[str, np.ndarray]) -> dict[str, Percentiles]:

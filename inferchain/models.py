@@ -15,6 +15,7 @@ from inferchain.errors import ConfigError
 from inferchain.inputs import InputSpec
 from inferchain.layout import Layout
 from inferchain.memory import MemoryPlan, plan
+from inferchain.metrics import ModelMetrics
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
 
@@ -140,7 +141,9 @@ def state_pool(model: LoadedModel, recipe: Recipe) -> StatePool | None:
     return StatePool(config.name, carried, shapes, dtypes, config.max_sequences)
 
 
-def pending_steps(model: LoadedModel, engine: ExecutionEngine) -> PendingSteps:
+def pending_steps(
+    model: LoadedModel, engine: ExecutionEngine, metrics: ModelMetrics
+) -> PendingSteps:
     """The step queue of a stateful model, feeding `engine` (after `state_pool`)."""
     assert model.pool is not None
     config = model.config
@@ -155,6 +158,7 @@ def pending_steps(model: LoadedModel, engine: ExecutionEngine) -> PendingSteps:
         on_cancel=engine.cancelled,
         submit=engine.submit_steps,
         wake=engine.wake,
+        record=metrics.record_steps_formed,
     )
 
 

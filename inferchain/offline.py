@@ -93,7 +93,7 @@ class OfflineInference:
         )
         for m in self._models.values():
             if m.pool is not None:
-                m.steps = pending_steps(m, engine)
+                m.steps = pending_steps(m, engine, self.metrics.models[m.config.name])
         engine.start(
             scheduler,
             [(m.config, m.workers, m.shapes, m.steps) for m in self._models.values()],

@@ -267,3 +267,37 @@ def test_timed_pipeline_passes_errors_through_and_times_every_item(tiny: Path) -
     assert [type(r) for r in results[::6]] == [ValueError] * 5
     assert set(map(str, results)) <= {"ran", "cancelled", *(f"item {i}" for i in range(0, 30, 3))}
     assert stats.stages["pre"].count == stats.stages["post"].count == 30
+
+
+def test_a_stateful_model_is_benched_in_sequences_with_step_figures(tmp_path: Path) -> None:
+    from conftest import recipe
+
+    from inferchain.testing.onnx_models import write_accumulator
+    from inferchain.tools.bench import STEPS_PER_SEQUENCE
+    from inferchain.tools.bench_report import format_report
+    from inferchain.tools.trace import chrome_trace
+
+    path = write_accumulator(tmp_path / "acc.onnx", width=4)
+    r = recipe(
+        {
+            "name": "acc",
+            "path": str(path),
+            "max_batch_size": 8,
+            "state": {"stateN": "state"},
+            "max_sequences": 32,
+        }
+    )
+    steps = 3 * STEPS_PER_SEQUENCE + 5  # four sequences, the last one short
+    report = run_bench(r, requests=steps)
+    q = report.stats.models["acc"].sequences
+    assert q is not None
+    assert q.steps == steps and report.stats.requests == steps
+    assert 1 <= q.rows_per_step <= 8 and q.step_batches * q.rows_per_step == pytest.approx(steps)
+    assert 1 <= q.live_mean <= q.live_max <= 4
+    assert q.queue_ms.count == steps
+    text = format_report(report)
+    assert "rows per step" in text and "live max" in text
+    assert report.to_dict()["models"]["acc"]["sequences"]["steps"] == steps  # type: ignore[index]
+    slices = [e for e in chrome_trace(report.timeline)["traceEvents"] if e["ph"] == "X"]
+    assert sum(e["args"]["steps"] for e in slices) == steps
+    assert all(e["name"].endswith("steps") for e in slices)

@@ -145,6 +145,7 @@ class PendingSteps:
         on_cancel: Callable[[Request | Work], None],
         submit: Callable[[Work], None],
         wake: Callable[[], None],
+        record: Callable[[int], None] | None = None,
     ) -> None:
         self.pool = pool
         self.spec = spec
@@ -157,6 +158,7 @@ class PendingSteps:
         self._on_cancel = on_cancel  # the engine's: a cancel of a step already in a Work
         self._submit = submit  # the engine's, for a formed Work (called under `lock`)
         self._wake = wake
+        self._record = record  # told the live sequences each time a batch forms
         self._groups: dict[Hashable, _Group] = {}
         self._carried = frozenset(i for _, i, _ in pool.carried)
         self._fixed_shapes = None not in (d for s in spec.shapes for d in s)
@@ -174,9 +176,7 @@ class PendingSteps:
         key = (shapes, shared_values(item, spec.shared)) if spec.shared else shapes
         return item, key
 
-    def add(
-        self, request: Request, slot: int, item: tuple[np.ndarray, ...], key: Hashable
-    ) -> None:
+    def add(self, request: Request, slot: int, item: tuple[np.ndarray, ...], key: Hashable) -> None:
         """Queue a step; its group goes to the engine once it is a whole cohort."""
         with self.lock:
             group = self._groups.get(key)
@@ -279,6 +279,8 @@ class PendingSteps:
         )
         work.slots = slots
         work.formed = True
+        if self._record is not None:
+            self._record(pool.num_live)
         for j, r in enumerate(requests):
             r.work = work
             r.row = j

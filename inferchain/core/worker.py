@@ -326,6 +326,9 @@ class ModelWorker:
             end=time.perf_counter(),
             stages=dict(stages) if stages else NO_STAGES,
             stream=batch.stream,
+            steps=sum(s.rows for s in batch.slices if s.work.slots is not None)
+            if self.pool is not None
+            else 0,
         )
 
     # -- failures -------------------------------------------------------------------------

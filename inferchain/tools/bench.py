@@ -4,7 +4,8 @@ Two sources of work:
 - synthetic (default): per model, random items made from `oi.model_info(name)` by
   `inferchain.tools.feeds.random_array` (its values; a dynamic dim other than the batch dim
   gets `DYNAMIC_DIM`, 32). Each model gets `requests` items, all models at once (one feeder
-  thread per model), at most twice the model's slots in flight.
+  thread per model), at most twice the model's slots in flight. A stateful model gets
+  `requests` steps instead, in sequences of `STEPS_PER_SEQUENCE` (`drive_sequences`).
 - pipeline: the recipe's own inputs through its pipeline, `requests` items (the inputs
   repeated as needed); the pipeline's own steps are timed as the `pre` and `post` stages.
 
@@ -166,6 +167,51 @@ class TimedPipeline(Pipeline):
                 self._finished(item_started, ok=ok)
 
 
+STEPS_PER_SEQUENCE = 64  # synthetic sequences: steps each (the last one may be shorter)
+
+
+class SequenceSteps(Pipeline):
+    """Synthetic sequences of a stateful model: an item is a number of steps; each step
+    feeds the next synthetic item's inputs that are not carried."""
+
+    def __init__(self, oi: OfflineInference, model: str, items: Sequence[Any]) -> None:
+        super().__init__(oi)
+        self.model = model
+        carried = set(oi.recipe.model(model).state.values())
+        names = [t.name for t in oi.model_info(model).inputs]
+        self.feeds = [
+            {n: a for n, a in zip(names, item, strict=True) if n not in carried} for item in items
+        ]
+
+    def process(self, item: Any) -> Process:
+        feeds = self.feeds
+        with self.oi.sequence(self.model) as seq:
+            for k in range(int(item)):
+                yield seq.step(feeds[k % len(feeds)])
+        return None
+
+
+def drive_sequences(
+    oi: OfflineInference,
+    model: str,
+    items: Sequence[Any],
+    requests: int,
+    on_done: OnDone | None = None,
+) -> None:
+    """`requests` steps of the stateful `model` in sequences of `STEPS_PER_SEQUENCE`, as
+    many live at once as two batches hold (at most `max_sequences`): sequences end and new
+    ones start between steps."""
+    config = oi.recipe.model(model)
+    lengths = [STEPS_PER_SEQUENCE] * (requests // STEPS_PER_SEQUENCE)
+    if requests % STEPS_PER_SEQUENCE:
+        lengths.append(requests % STEPS_PER_SEQUENCE)
+    live = max(1, min(config.max_sequences, 2 * config.batch_rows))
+    driver = PipelineDriver(SequenceSteps(oi, model, items), max_in_flight=live, on_error="return")
+    for n in driver.run(lengths):
+        if on_done is not None:
+            on_done(lengths[0] if n is None else 0)
+
+
 def drive_pipeline(
     oi: OfflineInference, items: Sequence[Any], count: int, on_done: OnDone | None = None
 ) -> TimedPipeline:
@@ -201,7 +247,12 @@ def drive_all(
 ) -> None:
     """`drive` every model of `pools` at once, one feeder thread each."""
     with ThreadPoolExecutor(len(pools), thread_name_prefix="bench") as feeders:
-        futures = [feeders.submit(drive, oi, m, p, requests, on_done) for m, p in pools.items()]
+        futures = [
+            feeders.submit(
+                drive_sequences if oi.recipe.model(m).state else drive, oi, m, p, requests, on_done
+            )
+            for m, p in pools.items()
+        ]
         for f in futures:
             f.result()
 

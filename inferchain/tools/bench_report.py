@@ -79,6 +79,26 @@ def _model_row(m: ModelStats) -> list[object]:
     return [m.name, m.requests, m.errors, m.batches, m.mean_batch_size, m.throughput, sizes]
 
 
+_SEQUENCE_HEADERS = [
+    "sequences",
+    "steps",
+    "steps/s",
+    "step batches",
+    "rows per step",
+    "live mean",
+    "live max",
+    "queue/step p50 ms",
+    "p90 ms",
+]
+
+
+def _sequence_row(m: ModelStats) -> list[object]:
+    q = m.sequences
+    assert q is not None
+    return [m.name, q.steps, q.steps_per_s, q.step_batches, q.rows_per_step, q.live_mean,
+            q.live_max, q.queue_ms.p50, q.queue_ms.p90]  # fmt: skip
+
+
 def format_report(report: BenchReport) -> str:
     """The report as `inferchain bench` prints it."""
     s = report.stats
@@ -100,6 +120,9 @@ def format_report(report: BenchReport) -> str:
         lines.append(f"synthetic inputs of {model}: {described}")
     headers = ["model", "done", "errors", "batches", "mean batch", "items/s", "batch sizes"]
     lines += ["", render(headers, [_model_row(m) for m in s.models.values()])]
+    sequences = [m for m in s.models.values() if m.sequences is not None]
+    if sequences:
+        lines += ["", render(_SEQUENCE_HEADERS, [_sequence_row(m) for m in sequences])]
     stage_headers = ["stage (ms)", "count", "mean", "p50", "p90", "p95", "p99"]
     lines += ["", render(stage_headers, _stage_rows(dict(s.stages), s.latency_ms))]
     if len(s.models) > 1:

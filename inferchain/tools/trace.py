@@ -42,8 +42,12 @@ def _slice(batch: BatchTiming, tid: int, origin: float) -> dict[str, Any]:
         "deliver_ms": round((batch.end - batch.run_end) * 1e3, 3),
     }
     args.update({f"{k}_ms": round(v * 1e3, 3) for k, v in batch.stages.items()})
+    steps = ""
+    if batch.steps:  # a step batch of a stateful model's sequences
+        args["steps"] = batch.steps
+        steps = f" ({batch.steps} steps)" if batch.steps != batch.size else " steps"
     return {
-        "name": f"{batch.model} x{batch.size}" + ("" if batch.ok else " (failed)"),
+        "name": f"{batch.model} x{batch.size}{steps}" + ("" if batch.ok else " (failed)"),
         "cat": "batch" if batch.ok else "batch,error",
         "ph": "X",
         "pid": PID,
