@@ -18,7 +18,7 @@ import yaml
 from inferchain.errors import ConfigError
 
 _ORT_LEVELS = ("disable", "basic", "extended", "all")
-_STRATEGIES = ("fixed", "dynamic", "buckets", "auto")
+_STRATEGIES = ("fixed", "dynamic", "buckets", "auto", "longest")
 
 
 class _Schema:
@@ -171,12 +171,20 @@ class InputConfig(_Schema):
 
     Inside inferchain an item never has the batch dimension: its shape is the model's shape
     without `batch_axis`. An unbatched input (`batched: false`) takes one value for the whole
-    batch, as the model declares it; rows share a batch only when that value is equal.
+    batch, as the model declares it; rows share a batch only when that value is equal. `pad`
+    is what padding fills this input with (shape strategies that pad).
     """
 
-    KEYS: ClassVar[Mapping[str, object]] = {"batch_axis": int, "batched": bool}
+    KEYS: ClassVar[Mapping[str, object]] = {
+        "batch_axis": int,
+        "batched": bool,
+        "pad": (float, bool, None),
+    }
     batch_axis: int = attrs.field(default=0, validator=_non_negative)  # the model's dim of rows
     batched: bool = True  # False: one value per batch (e.g. a sampling rate), no batch dim
+    # the value padded rows get in this input (default: the model's `shapes.pad_value`);
+    # true / false for a mask
+    pad: float | bool | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.batched and self.batch_axis != 0:
@@ -245,6 +253,7 @@ class ModelConfig(_Schema):
         "state": dict,
         "state_init": str,
         "max_sequences": int,
+        "batching": str,
         "params": dict,
     }
     name: str
@@ -272,6 +281,10 @@ class ModelConfig(_Schema):
     state: dict[str, str] = attrs.field(factory=dict, validator=_names_to_names)
     state_init: str = attrs.field(default="zeros", validator=_one_of("zeros"))  # at open
     max_sequences: int = attrs.field(default=64, validator=_positive)  # live = state slots
+    # window: a batch leaves full, after max_queue_delay_ms, or at once on an idle worker;
+    # fill: only full, or at a flush (`OfflineInference.flush()`, the end of a run's input,
+    # wait_all, close): batches of consecutive rows, the same for the same inputs
+    batching: str = attrs.field(default="window", validator=_one_of("window", "fill"))
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
 
     @property

@@ -238,12 +238,13 @@ def shared_values(item: Item, shared: Sequence[int]) -> SharedValues:
     return tuple((item[i].shape, item[i].tobytes()) for i in shared)
 
 
-def batch_key(key: tuple[tuple[int, ...], ...], rows: Item, shared: Sequence[int]) -> Hashable:
-    """What rows must share to run in one batch: their shape key and, where the model has
-    unbatched inputs, the values of those (each equal in every row of `rows`)."""
+def batch_key(group: Hashable, rows: Item, shared: Sequence[int]) -> Hashable:
+    """What rows must share to run in one batch: their shape group (`ShapePolicy.group_of`)
+    and, where the model has unbatched inputs, the values of those (each equal in every row
+    of `rows`)."""
     if not shared:
-        return key
-    return (key, shared_values(tuple(a[0] for a in rows), shared))
+        return group
+    return (group, shared_values(tuple(a[0] for a in rows), shared))
 
 
 def stack(items: Sequence[Item], shared: Sequence[int] = ()) -> Item:

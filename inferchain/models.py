@@ -151,7 +151,7 @@ def pending_steps(
         model.pool,
         model.spec,
         names=model.output_names,
-        key_of=model.shapes.key_of,
+        shapes=model.shapes,
         batch_rows=config.batch_rows,
         delay_s=config.max_queue_delay_ms / 1000.0,
         cohorts=max(STEP_COHORTS, config.instances),

@@ -128,7 +128,7 @@ class OfflineInference:
             self._phase = "closing"
         engine = self._engine
         if engine is not None:
-            self.flush_steps()  # queued sequence steps run before the drain
+            self.flush()  # what waits to form a batch runs before the drain
             timeout = (
                 self.recipe.scheduler.drain_timeout_s if drain_timeout is None else drain_timeout
             )
@@ -215,13 +215,15 @@ class OfflineInference:
         self,
         model: str,
         *,
+        rows: int = 1,
         state: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> LiveSequence:
-        """Open a sequence of the stateful `model` (recipe key `state:`): a slot of its
-        carried state, zeros or `state` (carried input name -> item array). Waits up to
-        `timeout` seconds for a free slot (`max_sequences` are live at most), then raises
-        `QueueFull`. Use it as a context manager; see `inferchain.sequence`."""
+        """Open a sequence of the stateful `model` (recipe key `state:`): `rows` slots of
+        its carried state (one per row, e.g. per beam), zeros or `state` (carried input name
+        -> one item for every row, or `rows` items). Waits up to `timeout` seconds for free
+        slots (`max_sequences` in all), then raises `QueueFull`. Use it as a context
+        manager; see `inferchain.sequence`."""
         self._running_engine()
         loaded = self._model(model)
         pool = loaded.pool
@@ -230,14 +232,16 @@ class OfflineInference:
                 f"{self.recipe.source}: model {model!r} carries no state between steps "
                 "(recipe key `state:`, e.g. {stateN: state}); submit() its items instead"
             )
+        if rows < 1:
+            raise InvalidInput(f"model {model!r}: a sequence has rows >= 1, got {rows}")
         unknown = sorted(set(state or ()) - set(pool.inputs))
         if unknown:
             raise InvalidInput(
                 f"model {model!r}: {unknown} are not carried inputs (carried: {list(pool.inputs)})"
             )
-        slot = pool.acquire(dict(state or {}), timeout)
+        slots = pool.acquire(dict(state or {}), timeout, rows)
         return LiveSequence(
-            model, pool, slot, lambda inputs, at, options: self._step(model, inputs, at, options)
+            model, pool, slots, lambda inputs, at, options: self._step(model, inputs, at, options)
         )
 
     def _step(
@@ -270,12 +274,15 @@ class OfflineInference:
         steps.add(request, slot, item, key)
         return request
 
-    def flush_steps(self) -> None:
-        """Send the sequence steps queued so far as batches now, without waiting for more
-        sequences to join (a pipeline driver calls it before it waits)."""
+    def flush(self, *, batches: bool = True) -> None:
+        """Send what waits for others to form a batch now: the queued steps of sequences,
+        and (`batches`) the partial batches of `batching: fill` models. `run()` does it
+        when its input ends; `wait_all()` and `close()` do it first."""
         for m in self._models.values():
             if m.steps is not None and m.steps.num_pending:
                 m.steps.flush()
+        if batches and self._engine is not None:
+            self._engine.flush()
 
     def infer(self, model: str, inputs: Any, timeout: float | None = None) -> Outputs:
         """Run one item and wait: its outputs, or raise its error.
@@ -393,13 +400,14 @@ class OfflineInference:
         self,
         items: Iterable[Any],
         *,
-        max_in_flight: int = 64,
+        max_in_flight: int | None = None,
         on_error: OnError = "raise",
     ) -> Iterator[Any]:
         """The recipe's pipeline over `items`: one result per item, in order, streaming.
 
         Without a pipeline, a one-model recipe maps items through that model. With
-        `on_error="return"` a failed item yields its exception instead of raising.
+        `on_error="return"` a failed item yields its exception instead of raising. At most
+        `max_in_flight` items are in flight (default: the pipeline's `max_in_flight`, 64).
         """
         pipeline = self._pipeline or self._default_pipeline()
         driver = PipelineDriver(pipeline, max_in_flight=max_in_flight, on_error=on_error)
@@ -461,6 +469,7 @@ class OfflineInference:
                 tuple(a.shape[1:] for a in inputs) if batched else tuple(a.shape for a in inputs)
             )
             key = loaded.shapes.key_of(exact) if batched else exact
+            group = loaded.shapes.group_of(key) if batched else key
             rows = len(inputs[0]) if batched else 1
             first = self._take_ids(rows if per_item else 1)
             work = Work(
@@ -468,7 +477,7 @@ class OfflineInference:
                 model,
                 inputs,
                 shape_key=key,
-                batch_key=batch_key(key, inputs, spec.shared) if spec.shared else key,
+                batch_key=batch_key(group, inputs, spec.shared) if spec.shared else group,
                 exact=exact,
                 names=names,
                 submitted=now,
@@ -560,7 +569,7 @@ class OfflineInference:
         seconds in all)."""
         if self._engine is None:
             return True
-        self.flush_steps()
+        self.flush()
         return self._engine.wait_all(timeout)
 
     def cancel_all(self) -> int:

@@ -45,6 +45,8 @@ class Pipeline:
 
     #: the kinds of file (suffixes, lower case) `input_files` takes from an input folder
     suffixes: tuple[str, ...] = (".npy",)
+    #: items in flight at once when the caller does not say (`run(max_in_flight=...)`)
+    max_in_flight: int = 64
 
     def __init__(self, oi: OfflineInference) -> None:
         self.oi = oi
@@ -139,25 +141,30 @@ class _Task:
 
 
 class PipelineDriver:
-    """Runs `pipeline.process` over many items with at most `max_in_flight` at once."""
+    """Runs `pipeline.process` over many items with at most `max_in_flight` at once (by
+    default the pipeline's own `max_in_flight`)."""
 
     def __init__(
         self,
         pipeline: Pipeline,
         *,
-        max_in_flight: int = 64,
+        max_in_flight: int | None = None,
         on_error: Literal["raise", "return"] = "raise",
-        on_idle: Callable[[], None] | None = None,
+        on_idle: Callable[[bool], None] | None = None,
     ) -> None:
-        """`on_idle` is called each time every item in flight waits for the engine, just
-        before the driver blocks; by default the pipeline's `oi.flush_steps` (its queued
-        sequence steps go to the engine then: no other item of this driver can step first)."""
+        """`on_idle(final)` is called each time every item in flight waits for the engine,
+        just before the driver blocks; `final` when no more items can start (the input has
+        ended, or `max_in_flight` are in flight). By default the pipeline's `oi.flush`: its
+        queued sequence steps go to the engine then (no other item of this driver can step
+        first), and when final, the partial batches of `batching: fill` models too."""
+        if max_in_flight is None:
+            max_in_flight = pipeline.max_in_flight
         if max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self._pipeline = pipeline
         self._limit = max_in_flight
         self._on_error = on_error
-        self._on_idle = on_idle if on_idle is not None else pipeline.oi.flush_steps
+        self._on_idle = on_idle if on_idle is not None else _flush(pipeline.oi)
         self._events: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         self._results: dict[int, tuple[bool, Any]] = {}  # index -> (ok, result or error)
         self._active: dict[int, _Task] = {}
@@ -185,7 +192,8 @@ class PipelineDriver:
                 if self._active:
                     events = self._events
                     if events.empty():
-                        self._on_idle()
+                        full = len(self._active) + len(self._results) >= self._limit
+                        self._on_idle(exhausted or full)
                     self._resume(events.get())
         finally:
             for task in self._active.values():
@@ -244,6 +252,10 @@ class PipelineDriver:
     def _finish(self, task: _Task, ok: bool, value: Any) -> None:
         del self._active[task.index]
         self._results[task.index] = (ok, value)
+
+
+def _flush(oi: OfflineInference) -> Callable[[bool], None]:
+    return lambda final: oi.flush(batches=final)
 
 
 def _requests(step: Step) -> list[Request]:

@@ -9,12 +9,18 @@ sequences then batch together, step by step. The carried inputs (the recipe's `s
 pairs) are never passed to `step()`: they come from the sequence's slot, and the model's
 carried outputs go back into it after each step. Leaving the `with` block (or `close()`)
 frees the slot, once the last step submitted has ended.
+
+A sequence of several rows (`oi.sequence(model, rows=k)`, e.g. the k beams of a beam
+search) holds k slots; `step_rows(inputs, reorder=...)` submits one step of all its rows
+(row j of each input is row j's) and may first reorder their carried state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import numpy as np
 
 from inferchain.core.request import Request, RequestState
 from inferchain.core.sequences import StatePool
@@ -24,28 +30,84 @@ SubmitStep = Callable[[Mapping[str, Any], int, dict[str, Any]], Request]
 
 
 class LiveSequence:
-    """One sequence of `model`: its slot, and its steps in order (one at a time)."""
+    """One sequence of `model`: its slots, and its steps in order (one at a time)."""
 
-    def __init__(self, model: str, pool: StatePool, slot: int, submit: SubmitStep) -> None:
+    def __init__(self, model: str, pool: StatePool, slots: np.ndarray, submit: SubmitStep) -> None:
         self.model = model
-        self.slot = slot  # its row in every carried-state array of the pool
+        self.slots = slots  # its rows in every carried-state array of the pool
+        self.rows = len(slots)
         self.steps = 0  # steps submitted so far
         self._pool = pool
         self._submit = submit
-        self._last: Request | None = None
+        self._last: list[Request] = []
         self._closed = False
 
+    @property
+    def slot(self) -> int:
+        """The one slot of a one-row sequence."""
+        if self.rows != 1:
+            raise InvalidInput(f"{self!r} has {self.rows} rows: see `slots`")
+        return int(self.slots[0])
+
     def __repr__(self) -> str:
-        return f"<LiveSequence {self.model} slot={self.slot} steps={self.steps}>"
+        return f"<LiveSequence {self.model} slots={self.slots.tolist()} steps={self.steps}>"
 
     def step(self, inputs: Mapping[str, Any], **options: Any) -> Request:
-        """Submit the next step (`inputs`: name -> array for the inputs that are not
-        carried); returns its Request. `options` are `submit()`'s (priority, timeout,
-        callback). The previous step must have ended DONE."""
+        """Submit the next step of a one-row sequence (`inputs`: name -> array for the
+        inputs that are not carried); returns its Request. `options` are `submit()`'s
+        (priority, timeout, callback). The previous step must have ended DONE."""
+        if self.rows != 1:
+            raise InvalidInput(
+                f"sequence of model {self.model!r} has {self.rows} rows: use step_rows()"
+            )
+        self._check(inputs)
+        request = self._submit(inputs, int(self.slots[0]), options)
+        self._last = [request]
+        self.steps += 1
+        return request
+
+    def step_rows(
+        self, inputs: Mapping[str, Any], *, reorder: Any = None, **options: Any
+    ) -> list[Request]:
+        """Submit the next step of every row: `inputs` maps each input that is not carried
+        to `rows` items (row j's first). `reorder` (ints, one per row): row j goes on from
+        the carried state row `reorder[j]` had after the previous step. One Request per row."""
+        self._check(inputs)
+        k = self.rows
+        columns = {}
+        for name, value in inputs.items():
+            array = np.asarray(value)
+            if array.ndim == 0 or len(array) != k:
+                raise InvalidInput(
+                    f"sequence of model {self.model!r}: input {name!r} needs one row for each "
+                    f"of the {k} rows of the sequence, got shape {array.shape}"
+                )
+            columns[name] = array
+        if reorder is not None:
+            order = np.asarray(reorder)
+            if (
+                order.shape != (k,)
+                or order.dtype.kind not in "iu"
+                or not ((order >= 0) & (order < k)).all()
+            ):
+                raise InvalidInput(
+                    f"sequence of model {self.model!r}: reorder must be {k} row numbers in "
+                    f"[0, {k}), got {order!r}"
+                )
+            self._pool.reorder(self.slots, order)
+        requests = [
+            self._submit({n: a[j] for n, a in columns.items()}, int(slot), options)
+            for j, slot in enumerate(self.slots)
+        ]
+        self._last = requests
+        self.steps += 1
+        return requests
+
+    def _check(self, inputs: Mapping[str, Any]) -> None:
+        """The sequence can take another step, and `inputs` leaves the carried ones out."""
         if self._closed:
-            raise Closed(f"sequence of model {self.model!r} (slot {self.slot}) is closed")
-        last = self._last
-        if last is not None:
+            raise Closed(f"{self!r} is closed")
+        for last in self._last:
             if not last.done():
                 raise InvalidInput(
                     f"sequence of model {self.model!r}: step {self.steps + 1} submitted "
@@ -62,28 +124,31 @@ class LiveSequence:
                 f"sequence of model {self.model!r}: a step takes a mapping name -> array, "
                 f"got {type(inputs).__name__}"
             )
-        pool = self._pool
-        given = sorted(n for n in inputs if n in pool.inputs)
+        given = sorted(n for n in inputs if n in self._pool.inputs)
         if given:
             raise InvalidInput(
                 f"sequence of model {self.model!r}: inputs {given} are carried by the "
                 "sequence (the recipe's `state:`); pass only the others"
             )
-        request = self._submit(inputs, self.slot, options)
-        self._last = request
-        self.steps += 1
-        return request
 
     def close(self) -> None:
-        """End the sequence; its slot is freed once its last step has ended."""
+        """End the sequence; its slots are freed once its last step has ended."""
         if self._closed:
             return
         self._closed = True
-        pool, slot = self._pool, self.slot
-        if self._last is None:
-            pool.release(slot)
-        else:
-            self._last.add_done_listener(lambda _: pool.release(slot))
+        pool, slots, last = self._pool, self.slots, self._last
+        if not last:
+            pool.release(slots)
+            return
+        left = [len(last)]
+
+        def ended(_: Request) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                pool.release(slots)
+
+        for r in last:
+            r.add_done_listener(ended)
 
     def __enter__(self) -> LiveSequence:
         return self

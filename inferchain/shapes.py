@@ -6,13 +6,17 @@
   padded with `pad_value`; outputs that follow the input are cropped back (`crop_outputs`).
 - `auto`: the first `sample` items run as `dynamic`; then `num_buckets` buckets are derived
   from them, minimising padded elements, and used from then on.
+- `longest`: items of any shapes share a batch, padded to the longest of its rows in each
+  dim (the batch's envelope); outputs keep the padded shape unless `crop_outputs` says.
+
+Padded rows hold the input's `pad` (recipe `inputs: {NAME: {pad: ...}}`), else `pad_value`.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -57,6 +61,11 @@ def _envelope(keys: Sequence[ShapeKey]) -> ShapeKey:
     return tuple(
         tuple(max(dims) for dims in zip(*shapes, strict=True)) for shapes in zip(*keys, strict=True)
     )
+
+
+def envelope(keys: Sequence[ShapeKey]) -> ShapeKey:
+    """The smallest key that holds every key given (element-wise max)."""
+    return _envelope(keys)
 
 
 def derive_buckets(sample: Sequence[ShapeKey], num_buckets: int) -> list[ShapeKey]:
@@ -126,6 +135,11 @@ class ShapePolicy:
         # a model that does not batch takes whole inputs: each shape is its own batch
         self.strategy = config.strategy if model.max_batch_size > 0 else "dynamic"
         self.pad_value = config.pad_value
+        self.pad_values: tuple[float | bool, ...] = tuple(
+            config.pad_value if c is None or c.pad is None else c.pad
+            for c in (model.inputs.get(t.name) for t in inputs)
+        )
+        self.longest = self.strategy == "longest"  # batches padded to their own envelope
         self.num_buckets = config.num_buckets
         self._sample_size = config.sample
         # where each input and output holds its rows; items are inputs without that axis
@@ -140,7 +154,7 @@ class ShapePolicy:
     def _buckets(self, raw: Sequence[Any] | None, static: bool, n_inputs: int) -> list[ShapeKey]:
         if static:
             return [tuple(tuple(int(d) for d in s if d is not None) for s in self._item_shapes)]
-        if self.strategy == "dynamic" or self.strategy == "auto":
+        if self.strategy in ("dynamic", "auto", "longest"):
             return []
         if not raw:
             raise ConfigError(
@@ -175,6 +189,11 @@ class ShapePolicy:
                 "{output: NAME, input: NAME, dims: {OUT_DIM: IN_DIM}} with the model's names"
             ) from e
         return Crop(out, inp, dims)
+
+    def group_of(self, key: ShapeKey) -> Hashable:
+        """What items of batch key `key` must share to run in one batch: the key itself, or
+        for `longest` only the ranks (the batch is padded to its envelope)."""
+        return tuple(len(s) for s in key) if self.longest else key
 
     def key(self, arrays: Sequence[np.ndarray]) -> ShapeKey:
         """The batch key of one item; `InvalidInput` when no bucket holds it."""

@@ -127,6 +127,7 @@ class FileReader(Pipeline):
     def __init__(self, inner: Pipeline) -> None:
         super().__init__(inner.oi)
         self.inner = inner
+        self.max_in_flight = inner.max_in_flight
         self.loaded: dict[int, Any] = {}  # index -> the loaded item, until its result is saved
 
     def process(self, item: tuple[int, Path]) -> Process:

@@ -6,8 +6,9 @@ only rows with equal keys share a batch.
 A group is sent when it holds a full batch, when its oldest row has waited the batching
 window (`max_queue_delay_ms`), at once when every worker of the model is idle (waiting
 could only add latency then), or at once when its oldest work is a batch already formed (a
-batch of sequence steps, `PendingSteps`). Rows are taken in order; a Work may span
-several batches and a batch may hold rows of several Works.
+batch of sequence steps, `PendingSteps`). A model with `batching: fill` sends full batches
+only, of rows in the order they came, until the engine flushes it. Rows are taken in order;
+a Work may span several batches and a batch may hold rows of several Works.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class ModelBatcher:
         self.name = model.name
         self.max_rows = model.batch_rows
         self.delay = model.max_queue_delay_ms / 1000.0  # seconds
+        self.fill = model.batching == "fill"  # only full batches, until `flushing`
+        self.flushing = False  # send every group now, until the batcher is empty
         self.groups: dict[BatchKey, deque[Work]] = {}
         self._rows: dict[BatchKey, int] = {}  # rows not yet taken, per group
         self.num_ready = 0  # rows not yet taken, all groups
@@ -52,6 +55,11 @@ class ModelBatcher:
         due), and when the next window expires."""
         best: BatchKey | None = None
         best_t = next_due = float("inf")
+        if self.fill and not self.flushing:
+            for key in self.groups:
+                if self._rows[key] >= self.max_rows:
+                    return key, next_due
+            return None, next_due
         for key, group in self.groups.items():
             head = group[0].admitted
             if head is None:
@@ -92,6 +100,8 @@ class ModelBatcher:
                 group.popleft()
                 work.held = False
         self.num_ready -= consumed
+        if self.num_ready <= 0:
+            self.flushing = False
         if group:
             self._rows[key] -= consumed
         else:

@@ -26,6 +26,16 @@ from inferchain.tensors import TensorDesc
 MAX_SHAPE_BUFFERS = 16  # buffer sets kept for dynamic shapes (LRU), at least
 
 
+def pad_values(value: float | Sequence[float | bool], n: int) -> tuple[float | bool, ...]:
+    """One pad value per input, from one for all or one each."""
+    if isinstance(value, int | float):
+        return (value,) * n
+    values = tuple(value)
+    if len(values) != n:
+        raise ValueError(f"{len(values)} pad values for {n} inputs")
+    return values
+
+
 class HostBuffers:
     """Input buffers of one worker (used only on its thread)."""
 
@@ -33,12 +43,13 @@ class HostBuffers:
         self,
         inputs: Sequence[TensorDesc],
         rows: int,
-        pad_value: float = 0.0,
+        pad_value: float | Sequence[float | bool] = 0.0,
         axes: Sequence[Axis] | None = None,
     ) -> None:
+        """`pad_value`: what padded rows hold, one value for all inputs or one per input."""
         self._dtypes = tuple(t.dtype for t in inputs)
         self._rows = rows  # the max batch
-        self.pad_value = pad_value
+        self.pad_values = pad_values(pad_value, len(inputs))
         self.max_sets = MAX_SHAPE_BUFFERS
         self._sets: OrderedDict[tuple[int, ShapeKey], list[np.ndarray]] = OrderedDict()
         # per input, the model's dim of its rows (None: unbatched); all 0 unless told
@@ -117,14 +128,14 @@ class HostBuffers:
         self, rows: np.ndarray, slices: Sequence[Slice], i: int, shape: tuple[int, ...]
     ) -> None:
         """Copy input `i` of each slice into its rows of `rows` (the batch's rows on axis 0),
-        padding rows smaller than the batch's item `shape` with `pad_value`."""
+        padding rows smaller than the batch's item `shape` with the input's pad value."""
         for s in slices:
             work = s.work
             dest = rows[s.offset : s.offset + s.stop - s.start]
             src = work.inputs[i][s.start : s.stop]
             small = work.exact[i]
             if small != shape:
-                dest.fill(self.pad_value)
+                dest.fill(self.pad_values[i])
                 dest[(slice(None), *(slice(0, d) for d in small))] = src
             else:
                 dest[...] = src

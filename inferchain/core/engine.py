@@ -41,7 +41,7 @@ from inferchain.core.worker import ModelWorker
 from inferchain.errors import BackendError, Closed, QueueFull, RequestCancelled, RequestTimeout
 from inferchain.logs import get_logger, log_safely
 from inferchain.metrics import Metrics
-from inferchain.shapes import ShapePolicy, crop_rows
+from inferchain.shapes import ShapePolicy, crop_rows, envelope
 
 log = get_logger(__name__)
 
@@ -67,6 +67,7 @@ class _Model:
         self.batcher = ModelBatcher(config)
         self.workers = workers
         self.crops = shapes.crops
+        self.longest = shapes.longest  # a batch is padded to its rows' envelope
         self.fail_fast = config.health.while_unhealthy == "fail"
         self.steps = steps  # a stateful model's sequence steps not yet in a batch
         # Streams of each worker that hold no batch (the engine is their one writer). A
@@ -126,6 +127,7 @@ class ExecutionEngine:
         self._cancelled: deque[Request | Work] = deque()
         self._wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._wake_pending = False
+        self._flush = False  # a flush of `batching: fill` models was asked for
         # shared counters, each under its condition
         self._space = threading.Condition()  # guards _queued; full queues wait here
         self._queued = 0  # rows submitted, not yet admitted nor dropped
@@ -224,6 +226,11 @@ class ExecutionEngine:
             self._queued += work.rows
         self._register(work)
         self._submitted.append(work)
+        self.wake()
+
+    def flush(self) -> None:
+        """Send the partial batches of `batching: fill` models as they are (any thread)."""
+        self._flush = True
         self.wake()
 
     def cancelled(self, item: Request | Work) -> None:
@@ -401,6 +408,7 @@ class ExecutionEngine:
                 scheduler.add(submitted.popleft())
         for item in cancels:
             self._on_cancelled(item)
+        flush, self._flush = self._flush, False
         next_due = float("inf")
         for model in self._models.values():
             if model.steps is not None:  # sequence steps whose batching window has passed
@@ -413,6 +421,10 @@ class ExecutionEngine:
             self._apply(plan)  # ending rows may unblock, fail or make room for others
             plan = scheduler.schedule(now)
         next_due = min(next_due, scheduler.next_deadline)
+        if flush:  # after admission: what was submitted before the flush is in the batchers
+            for model in self._models.values():
+                if model.batcher.fill and model.batcher.num_ready:
+                    model.batcher.flushing = True
         for model in self._models.values():
             if model.batcher.num_ready:
                 next_due = min(next_due, self._dispatch(model, now))
@@ -466,7 +478,9 @@ class ExecutionEngine:
             room[worker.index] -= 1
             all_idle = False
             stream = model.take_stream(worker)
-            shape_key = slices[0].work.shape_key  # the same for every work of the group
+            shape_key = slices[0].work.shape_key  # the same for every work of the group ...
+            if model.longest:  # ... except where a batch takes the envelope of its rows
+                shape_key = envelope([s.work.shape_key for s in slices])
             batch = Batch(model.name, worker.index, stream, tuple(slices), rows, shape_key, now)
             worker.dispatch(batch)
         return float("inf")

@@ -26,6 +26,7 @@ from inferchain.core.request import Request
 from inferchain.core.work import Work
 from inferchain.errors import InvalidInput, QueueFull
 from inferchain.inputs import InputSpec, batch_key, shared_values
+from inferchain.shapes import ShapePolicy
 
 STEP_COHORTS = 2  # a stateful model's live sequences step in this many batches at least
 
@@ -61,32 +62,46 @@ class StatePool:
 
     @property
     def num_live(self) -> int:
-        """Sequences open now (each may have a step on its way)."""
+        """Slots in use: rows of the sequences open now (each may have a step on its way)."""
         return self.size - len(self._free)
 
-    def acquire(self, initial: dict[str, np.ndarray], timeout: float | None = None) -> int:
-        """A free slot, set to `initial` (carried input name -> item array) and zeros for
-        the rest; waits up to `timeout` seconds for one (`QueueFull` after that)."""
+    def acquire(
+        self, initial: Mapping[str, np.ndarray], timeout: float | None = None, rows: int = 1
+    ) -> np.ndarray:
+        """`rows` free slots (one sequence's rows), set to `initial` (carried input name ->
+        one item for every row, or `rows` items) and zeros for the rest; waits up to
+        `timeout` seconds for them (`QueueFull` after that)."""
+        if rows > self.size:
+            raise InvalidInput(
+                f"model {self.model!r}: a sequence of {rows} rows needs more slots than the "
+                f"{self.size} there are (max_sequences)"
+            )
         with self._cond:
-            if not self._cond.wait_for(lambda: bool(self._free), timeout):
+            if not self._cond.wait_for(lambda: len(self._free) >= rows, timeout):
                 raise QueueFull(
                     f"model {self.model!r}: all {self.size} sequence slots are in use "
                     f"(max_sequences) after {timeout}s"
                 )
-            slot = self._free.pop()
+            slots = np.array([self._free.pop() for _ in range(rows)], dtype=np.intp)
         try:
             for name, i in self.inputs.items():
                 value = initial.get(name)
-                self.arrays[i][slot] = 0 if value is None else self._checked(name, i, value)
+                self.arrays[i][slots] = 0 if value is None else self._checked(name, i, value, rows)
         except BaseException:
-            self.release(slot)
+            self.release(slots)
             raise
-        return slot
+        return slots
 
-    def release(self, slot: int) -> None:
+    def release(self, slots: np.ndarray) -> None:
         with self._cond:
-            self._free.append(slot)
-            self._cond.notify()
+            self._free.extend(int(s) for s in slots)
+            self._cond.notify_all()
+
+    def reorder(self, slots: np.ndarray, order: np.ndarray) -> None:
+        """Row j of the sequence in `slots` goes on from the state of its row `order[j]`
+        (a beam search's survivors): one gather per carried input, within those slots."""
+        for array in self.arrays.values():
+            array[slots] = array[slots[order]]
 
     def write_back(self, batch: Batch, outputs: Sequence[np.ndarray]) -> None:
         """Store the carried outputs of the batch's sequence rows into their slots (worker
@@ -106,13 +121,14 @@ class StatePool:
         for out, i, _ in self.carried:
             self.arrays[i][to] = outputs[out][at]
 
-    def _checked(self, name: str, i: int, value: np.ndarray) -> np.ndarray:
+    def _checked(self, name: str, i: int, value: np.ndarray, rows: int) -> np.ndarray:
         expected = self.arrays[i].shape[1:]
         array = np.asarray(value)
-        if array.shape != expected:
+        if array.shape != expected and array.shape != (rows, *expected):
+            each = f" or {(rows, *expected)} (one per row)" if rows > 1 else ""
             raise InvalidInput(
                 f"model {self.model!r} state {name!r}: expected an initial value of shape "
-                f"{expected}, got {array.shape}"
+                f"{expected}{each}, got {array.shape}"
             )
         return array
 
@@ -138,7 +154,7 @@ class PendingSteps:
         spec: InputSpec,
         *,
         names: tuple[str, ...],
-        key_of: Callable[[tuple[tuple[int, ...], ...]], tuple[tuple[int, ...], ...]],
+        shapes: ShapePolicy,
         batch_rows: int,
         delay_s: float,
         cohorts: int,
@@ -150,7 +166,7 @@ class PendingSteps:
         self.pool = pool
         self.spec = spec
         self.names = names  # the model's output names
-        self.key_of = key_of  # exact item shapes -> shape key (the model's ShapePolicy)
+        self.shapes = shapes  # the model's: exact item shapes -> shape key and group
         self.batch_rows = batch_rows
         self.delay_s = delay_s
         self.cohorts = max(1, cohorts)
@@ -263,13 +279,14 @@ class PendingSteps:
         pool, shared = self.pool, self.spec.shared
         inputs = tuple(self._column(i, items, slots) for i in range(len(self.spec.names)))
         exact = tuple(a.shape[1:] for a in inputs)
-        shape_key = self.key_of(exact)
+        shape_key = self.shapes.key_of(exact)
+        joins = self.shapes.group_of(shape_key)
         work = Work(
             requests[0].id,
             pool.model,
             inputs,
             shape_key=shape_key,
-            batch_key=batch_key(shape_key, inputs, shared) if shared else shape_key,
+            batch_key=batch_key(joins, inputs, shared) if shared else joins,
             exact=exact,
             names=self.names,
             submitted=group.since,

@@ -211,7 +211,7 @@ class ModelWorker:
         self.num_streams = max(1, session.num_streams)
         self._moved_outputs = layout.moved_outputs
         self._shared = bool(layout.shared)
-        pad = self.shapes.pad_value if self.shapes is not None else 0.0
+        pad = self.shapes.pad_values if self.shapes is not None else 0.0
         self._buffers = HostBuffers(session.inputs, self.model.batch_rows, pad, layout.inputs)
         log.debug("worker_ready", worker=self.name, inputs=[t.describe() for t in session.inputs])
 
@@ -219,7 +219,7 @@ class ModelWorker:
         self.shapes = item.policy
         try:
             assert self._buffers is not None and self.session is not None
-            self._buffers.pad_value = item.policy.pad_value
+            self._buffers.pad_values = item.policy.pad_values
             self._buffers.max_sets = max(self._buffers.max_sets, 2 * len(item.policy.buckets))
             # zeros may not be a value an unbatched input accepts (a sampling rate of 0):
             # such a model gets its buffers but no warm-up run

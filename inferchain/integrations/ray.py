@@ -94,7 +94,7 @@ class RecipePredictor(Closing):
         overrides: Mapping[str, Any] | None = None,
         inputs: str | Sequence[str] | None = None,
         passthrough: Sequence[str] = PASSTHROUGH,
-        max_in_flight: int = 64,
+        max_in_flight: int | None = None,
         on_error: OnError = "raise",
         log_level: str | None = None,
     ) -> None:
@@ -165,6 +165,7 @@ class _FilePipeline(Pipeline):
     def __init__(self, inner: Pipeline) -> None:
         super().__init__(inner.oi)
         self.inner = inner
+        self.max_in_flight = inner.max_in_flight
 
     def process(self, item: Any) -> Process:
         work = self.inner.process(self.inner.load(Path(item)))
