@@ -274,15 +274,18 @@ class OfflineInference:
         steps.add(request, slot, item, key)
         return request
 
-    def flush(self, *, batches: bool = True) -> None:
-        """Send what waits for others to form a batch now: the queued steps of sequences,
-        and (`batches`) the partial batches of `batching: fill` models. `run()` does it
-        when its input ends; `wait_all()` and `close()` do it first."""
+    def flush(self, *, steps: bool = True, batches: bool | Literal["if_stalled"] = True) -> None:
+        """Send what waits for others to form a batch now: the queued `steps` of sequences
+        (which else leave once every live sequence has stepped, a cohort is complete, or the
+        batching window ends), and (`batches`) the partial batches of `batching: fill`
+        models; with `batches="if_stalled"`, those only when nothing else is left to run.
+        `run()` flushes fill batches when its input ends (and, if stalled, when it cannot
+        start more items); `wait_all()` and `close()` flush everything first."""
         for m in self._models.values():
-            if m.steps is not None and m.steps.num_pending:
+            if steps and m.steps is not None and m.steps.num_pending:
                 m.steps.flush()
         if batches and self._engine is not None:
-            self._engine.flush()
+            self._engine.flush(if_stalled=batches == "if_stalled")
 
     def infer(self, model: str, inputs: Any, timeout: float | None = None) -> Outputs:
         """Run one item and wait: its outputs, or raise its error.

@@ -150,13 +150,13 @@ class PipelineDriver:
         *,
         max_in_flight: int | None = None,
         on_error: Literal["raise", "return"] = "raise",
-        on_idle: Callable[[bool], None] | None = None,
+        on_idle: Callable[[bool, bool], None] | None = None,
     ) -> None:
-        """`on_idle(final)` is called each time every item in flight waits for the engine,
-        just before the driver blocks; `final` when no more items can start (the input has
-        ended, or `max_in_flight` are in flight). By default the pipeline's `oi.flush`: its
-        queued sequence steps go to the engine then (no other item of this driver can step
-        first), and when final, the partial batches of `batching: fill` models too."""
+        """`on_idle(ended, full)` is called each time every item in flight waits for the
+        engine, just before the driver blocks: `ended` once the input has ended, `full` while
+        `max_in_flight` items are in flight. By default the pipeline's `oi.flush` of the
+        partial batches of `batching: fill` models: once the input has ended, or while full
+        if nothing else is left to run (sequence steps leave on their own)."""
         if max_in_flight is None:
             max_in_flight = pipeline.max_in_flight
         if max_in_flight < 1:
@@ -193,7 +193,7 @@ class PipelineDriver:
                     events = self._events
                     if events.empty():
                         full = len(self._active) + len(self._results) >= self._limit
-                        self._on_idle(exhausted or full)
+                        self._on_idle(exhausted, full)
                     self._resume(events.get())
         finally:
             for task in self._active.values():
@@ -254,8 +254,12 @@ class PipelineDriver:
         self._results[task.index] = (ok, value)
 
 
-def _flush(oi: OfflineInference) -> Callable[[bool], None]:
-    return lambda final: oi.flush(batches=final)
+def _flush(oi: OfflineInference) -> Callable[[bool, bool], None]:
+    def on_idle(ended: bool, full: bool) -> None:
+        if ended or full:
+            oi.flush(steps=False, batches=True if ended else "if_stalled")
+
+    return on_idle
 
 
 def _requests(step: Step) -> list[Request]:

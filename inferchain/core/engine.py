@@ -127,7 +127,8 @@ class ExecutionEngine:
         self._cancelled: deque[Request | Work] = deque()
         self._wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._wake_pending = False
-        self._flush = False  # a flush of `batching: fill` models was asked for
+        self._flush = False  # a flush of `batching: fill` models was asked for ...
+        self._flush_if_stalled = False  # ... or one only when nothing else can run
         # shared counters, each under its condition
         self._space = threading.Condition()  # guards _queued; full queues wait here
         self._queued = 0  # rows submitted, not yet admitted nor dropped
@@ -228,9 +229,15 @@ class ExecutionEngine:
         self._submitted.append(work)
         self.wake()
 
-    def flush(self) -> None:
-        """Send the partial batches of `batching: fill` models as they are (any thread)."""
-        self._flush = True
+    def flush(self, *, if_stalled: bool = False) -> None:
+        """Send the partial batches of `batching: fill` models as they are (any thread);
+        with `if_stalled`, only when nothing else is left to run (no batch in flight, nothing
+        waiting or ready but those partial batches): a caller that cannot submit more waits
+        for them then."""
+        if if_stalled:
+            self._flush_if_stalled = True
+        else:
+            self._flush = True
         self.wake()
 
     def cancelled(self, item: Request | Work) -> None:
@@ -387,6 +394,7 @@ class ExecutionEngine:
         scheduler = self._scheduler
         assert scheduler is not None
         posted = self._posted
+        delivered = bool(posted)  # results went out: their callers have more to do
         while posted:
             record = posted.popleft()
             if isinstance(record, BatchResult):
@@ -409,6 +417,7 @@ class ExecutionEngine:
         for item in cancels:
             self._on_cancelled(item)
         flush, self._flush = self._flush, False
+        if_stalled, self._flush_if_stalled = self._flush_if_stalled, False
         next_due = float("inf")
         for model in self._models.values():
             if model.steps is not None:  # sequence steps whose batching window has passed
@@ -421,6 +430,8 @@ class ExecutionEngine:
             self._apply(plan)  # ending rows may unblock, fail or make room for others
             plan = scheduler.schedule(now)
         next_due = min(next_due, scheduler.next_deadline)
+        if if_stalled and not flush and not delivered:
+            flush = self._stalled()
         if flush:  # after admission: what was submitted before the flush is in the batchers
             for model in self._models.values():
                 if model.batcher.fill and model.batcher.num_ready:
@@ -431,6 +442,18 @@ class ExecutionEngine:
         if next_due == float("inf"):
             return None
         return max(next_due - time.perf_counter(), 0.0)
+
+    def _stalled(self) -> bool:
+        """Nothing can run but partial batches of `batching: fill` models (under `_lock`)."""
+        assert self._scheduler is not None
+        if self._submitted or self._scheduler.num_waiting:
+            return False
+        for model in self._models.values():
+            if any(model.in_flight) or (model.batcher.num_ready and not model.batcher.fill):
+                return False
+            if model.steps is not None and model.steps.num_pending:
+                return False
+        return True
 
     def _apply(self, plan: Plan) -> None:
         admitted = plan.admitted
@@ -548,6 +571,7 @@ class ExecutionEngine:
             outputs = ({name: row} for row in pieces[0])
         else:
             outputs = (dict(zip(names, row, strict=True)) for row in zip(*pieces, strict=True))
+        self._landing(work, s.rows)
         self._ended(conclude(work.requests[s.start : s.stop], S.DONE, work.lock, outputs))
 
     def _fail_slice(self, s: Slice, error: BaseException) -> None:
@@ -555,10 +579,19 @@ class ExecutionEngine:
         if work.requests is None:
             work.pieces.append((s.start, s.stop, error))
         else:
+            self._landing(work, s.rows)
             self._ended(conclude(work.requests[s.start : s.stop], S.ERROR, work.lock, None, error))
         work.settled += s.rows
         if work.settled >= work.rows:
             self._settle(work)
+
+    def _landing(self, work: Work, rows: int) -> None:
+        """`rows` steps of a batch of sequence steps end now: their PendingSteps hears of
+        it before their requests end (so a step that follows sees them gone)."""
+        if work.formed:
+            steps = self._models[work.model].steps
+            assert steps is not None
+            steps.landed(rows)
 
     def _ended(self, requests: Iterable[Request]) -> None:
         """Bookkeeping of requests that just ended (engine thread)."""
@@ -585,6 +618,7 @@ class ExecutionEngine:
         if isinstance(item, Request):
             work = item.work
             assert work is not None
+            self._landing(work, 1)
             self._ended((item,))
             work.settled += 1
             if work.settled >= work.rows and not work.done:
@@ -605,6 +639,8 @@ class ExecutionEngine:
             work.pieces.append((start, work.rows, error))
             work.settled += untaken
         else:
+            if work.formed:  # the steps still to end, before they do
+                self._landing(work, sum(not r.done() for r in work.requests[start:]))
             ended = conclude(work.requests[start:], state, work.lock, None, error)
             self._ended(ended)
             work.settled += len(ended)

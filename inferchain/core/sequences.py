@@ -55,6 +55,7 @@ class StatePool:
         }
         self._free = list(range(size - 1, -1, -1))
         self._cond = threading.Condition()
+        self.on_release: Callable[[], None] | None = None  # told after slots are freed
 
     @property
     def num_free(self) -> int:
@@ -96,6 +97,8 @@ class StatePool:
         with self._cond:
             self._free.extend(int(s) for s in slots)
             self._cond.notify_all()
+        if self.on_release is not None:
+            self.on_release()
 
     def reorder(self, slots: np.ndarray, order: np.ndarray) -> None:
         """Row j of the sequence in `slots` goes on from the state of its row `order[j]`
@@ -176,12 +179,25 @@ class PendingSteps:
         self._wake = wake
         self._record = record  # told the live sequences each time a batch forms
         self._groups: dict[Hashable, _Group] = {}
+        self._pending = 0  # steps in the groups
+        self._running = 0  # steps in Works sent, not yet ended
+        pool.on_release = self.released
         self._carried = frozenset(i for _, i, _ in pool.carried)
         self._fixed_shapes = None not in (d for s in spec.shapes for d in s)
 
     @property
     def num_pending(self) -> int:
-        return sum(len(g.requests) for g in self._groups.values())
+        """Steps queued here."""
+        return self._pending
+
+    @property
+    def num_running(self) -> int:
+        """Steps sent in a Work that have not ended yet."""
+        return self._running
+
+    def _all_in(self) -> bool:
+        """Every live row has its next step queued or running: none can join (under `lock`)."""
+        return self._pending + self._running >= self.pool.num_live
 
     def item(self, inputs: Mapping[str, Any], slot: int) -> tuple[tuple[np.ndarray, ...], Hashable]:
         """One step's arrays in the model's input order (the carried ones: views of the
@@ -202,11 +218,27 @@ class PendingSteps:
             group.requests.append(request)
             group.slots.append(slot)
             group.items.append(item)
+            self._pending += 1
+            if self._all_in():
+                self.flush()
+                return
             if len(group.requests) >= self._cohort():
                 self._send(key)
                 return
         if first:
             self._wake()  # the loop times the group's window
+
+    def released(self) -> None:
+        """Slots were freed (any thread): the steps queued may be all there is to wait for."""
+        with self.lock:
+            if self._pending and self._all_in():
+                self.flush()
+
+    def landed(self, rows: int) -> None:
+        """`rows` steps sent in Works have ended, or are about to (the engine, before it
+        ends their requests: a step that follows them sees them gone)."""
+        with self.lock:
+            self._running -= rows
 
     def flush(self) -> None:
         """Send every group to the engine now (possibly partial batches)."""
@@ -244,6 +276,7 @@ class PendingSteps:
             if request.work is None:
                 for key, group in self._groups.items():
                     if group.drop(request):
+                        self._pending -= 1
                         if not group.requests:
                             del self._groups[key]
                         return
@@ -268,6 +301,7 @@ class PendingSteps:
     def _form(self, key: Hashable) -> Work | None:
         """Group `key` as one WAITING Work (under `lock`); None when all its steps ended."""
         group = self._groups.pop(key)
+        self._pending -= len(group.requests)
         keep = [j for j, r in enumerate(group.requests) if not r.done()]
         if not keep:
             return None
@@ -296,6 +330,7 @@ class PendingSteps:
         )
         work.slots = slots
         work.formed = True
+        self._running += len(requests)
         if self._record is not None:
             self._record(pool.num_live)
         for j, r in enumerate(requests):

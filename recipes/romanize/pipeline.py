@@ -1,7 +1,8 @@
-"""Romanize recipe: one name unit -> encoder request -> a decoder sequence of k beams.
+"""Romanize recipe: one name unit -> its encoder row -> a decoder sequence of k beams.
 
-Written against the sequence API proposed in docs/sequences.md (`self.oi.sequence`); the
-beam-search logic it uses (`beam.py`) is the one the ideal loop and the tests run today.
+The beam-search arithmetic is `beam.py`'s (the package's, one unit at a time); the state
+(`hidden`, one row per beam) stays in the decoder's sequence slots and is reordered with the
+beams there, and the encoder outputs `memory` / `src_mask` are fed again at every step.
 """
 
 from __future__ import annotations
@@ -19,31 +20,38 @@ from .beam import BeamSpec, beam_steps
 class RomanizePipeline(Pipeline):
     """A unit -> its (text, score) hypotheses, best first, as the package returns them."""
 
+    suffixes = (".txt",)
+    # whole encoder batches must be in flight before one leaves (`batching: fill`), and
+    # every unit in flight may hold a decoder sequence of k rows
+    max_in_flight = 512
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.spec = BeamSpec.from_dir()
         self.country: str | None = self.params.get("country")
         self.role: str | None = self.params.get("role")
 
+    def input_files(self, folder: Path) -> list[Path]:
+        return sorted(p for p in folder.iterdir() if p.suffix.lower() in self.suffixes)
+
     def load(self, path: Path) -> Any:
-        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        return path.read_text(encoding="utf-8").strip()
 
     def process(self, item: str) -> Process:
-        src = np.asarray(self.spec.source_ids(item, self.country, self.role), dtype=np.int64)
-        enc = yield self.submit("encoder", {"src": src, "src_mask": src == self.spec.vocab.pad_id})
-        k = self.spec.beam_width
-        with self.oi.sequence(  # type: ignore[attr-defined]
-            "decoder",
-            rows=k,
-            constants={"memory": enc["memory_out"], "src_mask": enc["src_mask_out"]},
-            state={"hidden": np.repeat(enc["hidden_out"][None], k, axis=0)},
-        ) as seq:
-            steps = beam_steps(self.spec)
+        spec = self.spec
+        src = np.asarray(spec.source_ids(item, self.country, self.role), dtype=np.int64)
+        enc = yield self.submit("encoder", {"src": src, "src_mask": src == spec.vocab.pad_id})
+        k = spec.beam_width
+        memory = np.broadcast_to(enc["memory_out"], (k, *enc["memory_out"].shape))
+        mask = np.broadcast_to(enc["src_mask_out"], (k, *enc["src_mask_out"].shape))
+        with self.oi.sequence("decoder", rows=k, state={"hidden": enc["hidden_out"]}) as seq:
+            steps = beam_steps(spec)
             step = next(steps)
             while True:
-                out = yield seq.step({"prefix": step.prefix}, reorder=step.reorder)
+                feed = {"prefix": step.prefix, "memory": memory, "src_mask": mask}
+                outs = yield seq.step_rows(feed, reorder=step.reorder)
                 try:
-                    step = steps.send(out["logprobs"])
+                    step = steps.send(np.stack([o["logprobs"] for o in outs]))
                 except StopIteration as done:
                     return done.value
 
