@@ -47,6 +47,9 @@ class Pipeline:
     suffixes: tuple[str, ...] = (".npy",)
     #: items in flight at once when the caller does not say (`run(max_in_flight=...)`)
     max_in_flight: int = 64
+    #: `inferchain run` reads each line of an input file as one item (`load_line`), e.g. a
+    #: list of names; else each file is one item (`load`)
+    item_per_line: bool = False
 
     def __init__(self, oi: OfflineInference) -> None:
         self.oi = oi
@@ -65,6 +68,11 @@ class Pipeline:
     def load(self, path: Path) -> Any:
         """Read one input file for `inferchain run` (default: a .npy array)."""
         return np.load(path)
+
+    def load_line(self, text: str) -> Any:
+        """One item from one line of an input file (`item_per_line`; blank lines are
+        skipped); default: the line's text."""
+        return text
 
     def input_files(self, folder: Path) -> list[Path]:
         """The files of an input folder this pipeline reads (`suffixes`), in a stable order."""
@@ -175,18 +183,20 @@ class PipelineDriver:
         exhausted = False
         try:
             while True:
-                while not exhausted and len(self._active) + len(self._results) < self._limit:
-                    nxt = next(source, None)
-                    if nxt is None:
-                        exhausted = True
-                    else:
-                        self._start(*nxt)
                 while next_out in self._results:
                     ok, value = self._results.pop(next_out)
                     next_out += 1
                     if not ok and self._on_error == "raise":
                         raise value
                     yield value
+                while not exhausted and len(self._active) + len(self._results) < self._limit:
+                    nxt = next(source, None)
+                    if nxt is None:
+                        exhausted = True
+                    else:
+                        self._start(*nxt)
+                if next_out in self._results:
+                    continue  # an item that finished at its start
                 if exhausted and not self._active and not self._results:
                     return
                 if self._active:

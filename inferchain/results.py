@@ -20,9 +20,11 @@ RESULTS = "results.jsonl"
 Mode = Literal["new", "overwrite", "resume"]
 
 
-def input_key(file: str | Path) -> str:
-    """How an input file is recognised across runs: its absolute, resolved path."""
-    return str(Path(file).resolve())
+def input_key(file: str | Path, line: int | None = None) -> str:
+    """How an input is recognised across runs: its file's absolute, resolved path, and the
+    line number where each line of the file is an item."""
+    path = str(Path(file).resolve())
+    return path if line is None else f"{path}:{line}"
 
 
 class ResultsFile(Closing):
@@ -75,7 +77,8 @@ class ResultsFile(Closing):
                     continue
                 kept.append(line if line.endswith("\n") else line + "\n")
                 if isinstance(record.get("file"), str):
-                    self.done.add(input_key(record["file"]))
+                    at = record.get("line")
+                    self.done.add(input_key(record["file"], at if isinstance(at, int) else None))
         if dropped:
             temporary = self.path.with_name(self.path.name + ".tmp")
             with temporary.open("w", encoding="utf-8") as new:

@@ -14,6 +14,8 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from inferchain.cli.options import add_command, positive_int
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError
@@ -79,9 +81,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             recipe, sources, out_dir, args.concurrency, args.limit, level, results=results
         )
     with OfflineInference(recipe) as oi:
-        files = input_files(sources, oi.pipeline)
+        files = input_items(input_files(sources, oi.pipeline), oi.pipeline)
         with results:
-            todo = [f for f in files if input_key(f) not in results.done][: args.limit]
+            todo = [f for f in files if f.key not in results.done][: args.limit]
             started = time.perf_counter()
             with Progress(len(todo), "run", summary=False) as progress:  # a bar on a TTY only
                 failed = run_files(oi, todo, results, out_dir, progress)
@@ -107,6 +109,38 @@ def _sources(recipe: Recipe, given: Sequence[Path] | None) -> list[Path]:
     return sources
 
 
+@attrs.frozen
+class Item:
+    """One item of a run: a file, or one line of a file (a pipeline's `item_per_line`)."""
+
+    file: Path
+    line: int | None = None  # 1-based
+    text: str = ""  # that line
+
+    @property
+    def key(self) -> str:
+        return input_key(self.file, self.line)
+
+    @property
+    def name(self) -> str:
+        return self.file.name if self.line is None else f"{self.file.name}:{self.line}"
+
+
+def input_items(files: Sequence[Path], pipeline: Pipeline) -> list[Item]:
+    """Each file as an item, or each of its non-blank lines for an `item_per_line`
+    pipeline (read as UTF-8)."""
+    if not pipeline.item_per_line:
+        return [Item(f) for f in files]
+    items: list[Item] = []
+    for f in files:
+        try:
+            lines = f.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--input {f}: not a readable UTF-8 text file ({e})") from None
+        items.extend(Item(f, n, t.strip()) for n, t in enumerate(lines, 1) if t.strip())
+    return items
+
+
 def input_files(sources: Sequence[Path], pipeline: Pipeline) -> list[Path]:
     """The files given, and those of the folders given that the pipeline reads; ConfigError
     naming the folders and the kinds of file when there are none at all."""
@@ -130,9 +164,11 @@ class FileReader(Pipeline):
         self.max_in_flight = inner.max_in_flight
         self.loaded: dict[int, Any] = {}  # index -> the loaded item, until its result is saved
 
-    def process(self, item: tuple[int, Path]) -> Process:
-        index, path = item
-        loaded = self.loaded[index] = self.inner.load(path)
+    def process(self, item: tuple[int, Item]) -> Process:
+        index, source = item
+        inner = self.inner
+        loaded = inner.load(source.file) if source.line is None else inner.load_line(source.text)
+        self.loaded[index] = loaded
         work = self.inner.process(loaded)
         if isinstance(work, Generator):
             return (yield from work)
@@ -141,7 +177,7 @@ class FileReader(Pipeline):
 
 def run_files(
     oi: OfflineInference,
-    files: Sequence[Path],
+    files: Sequence[Item],
     results: ResultsFile,
     out_dir: Path,
     progress: Progress,
@@ -164,15 +200,18 @@ def run_files(
 
 
 def _record(
-    pipeline: Pipeline, source: Path, item: Any, result: Any, out_dir: Path
+    pipeline: Pipeline, source: Item, item: Any, result: Any, out_dir: Path
 ) -> dict[str, Any]:
     """The line of one item: its result (and its artefacts saved), or the error."""
+    where: dict[str, Any] = {"file": str(source.file)}
+    if source.line is not None:
+        where |= {"line": source.line, "text": source.text}
     if not isinstance(result, Exception):
         try:
-            record = {"file": str(source), **pipeline.to_record(result)}
+            record = {**where, **pipeline.to_record(result)}
             json.dumps(record, ensure_ascii=False)
-            pipeline.save(source, item, result, out_dir)
+            pipeline.save(source.file, item, result, out_dir)
             return record
         except Exception as e:
             result = e
-    return {"file": str(source), "error": f"{type(result).__name__}: {result}"}
+    return {**where, "error": f"{type(result).__name__}: {result}"}

@@ -391,6 +391,10 @@ class ExecutionEngine:
     def _step(self, now: float) -> float | None:
         """One step; returns how long the loop may sleep (seconds; None = until woken)."""
         self._wake_pending = False  # before draining: a later append wakes the loop again
+        # flushes asked for before this step (one asked "if stalled" before results that
+        # this step delivers is moot: their caller asks again once it waits again)
+        flush, self._flush = self._flush, False
+        if_stalled, self._flush_if_stalled = self._flush_if_stalled, False
         scheduler = self._scheduler
         assert scheduler is not None
         posted = self._posted
@@ -416,8 +420,6 @@ class ExecutionEngine:
                 scheduler.add(submitted.popleft())
         for item in cancels:
             self._on_cancelled(item)
-        flush, self._flush = self._flush, False
-        if_stalled, self._flush_if_stalled = self._flush_if_stalled, False
         next_due = float("inf")
         for model in self._models.values():
             if model.steps is not None:  # sequence steps whose batching window has passed

@@ -164,6 +164,11 @@ class _FilePipeline(Pipeline):
 
     def __init__(self, inner: Pipeline) -> None:
         super().__init__(inner.oi)
+        if inner.item_per_line:
+            raise ConfigError(
+                f"{inner.recipe.source}: its pipeline reads one item per line of a file, and "
+                "on Ray Data an item is a file; run it without --ray"
+            )
         self.inner = inner
         self.max_in_flight = inner.max_in_flight
 

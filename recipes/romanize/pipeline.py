@@ -7,7 +7,6 @@ beams there, and the encoder outputs `memory` / `src_mask` are fed again at ever
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ class RomanizePipeline(Pipeline):
     """A unit -> its (text, score) hypotheses, best first, as the package returns them."""
 
     suffixes = (".txt",)
+    item_per_line = True  # `inferchain run --input names.txt`: one unit per line
     # whole encoder batches must be in flight before one leaves (`batching: fill`), and
     # every unit in flight may hold a decoder sequence of k rows
     max_in_flight = 512
@@ -30,12 +30,6 @@ class RomanizePipeline(Pipeline):
         self.spec = BeamSpec.from_dir()
         self.country: str | None = self.params.get("country")
         self.role: str | None = self.params.get("role")
-
-    def input_files(self, folder: Path) -> list[Path]:
-        return sorted(p for p in folder.iterdir() if p.suffix.lower() in self.suffixes)
-
-    def load(self, path: Path) -> Any:
-        return path.read_text(encoding="utf-8").strip()
 
     def process(self, item: str) -> Process:
         spec = self.spec
