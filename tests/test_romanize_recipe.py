@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -9,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import inferchain as ic
 from inferchain.pipeline import _import_recipe_module
 
 pytest.importorskip("arabic_name_romanizer")
@@ -100,3 +105,41 @@ def test_the_package_result_depends_on_the_padding_of_its_batch(units: list[str]
         assert batched[i][0][1] == pytest.approx(alone[i][0][1], abs=1e-5)
     assert sum(batched[i][0][0] != alone[i][0][0] for i in padded) >= 2
     assert all(batched[i] != alone[i] for i in padded)
+
+
+@pytest.fixture(scope="module")
+def romanize() -> Iterator[ic.OfflineInference]:
+    with ic.OfflineInference(ic.load_recipe(RECIPE)) as oi:
+        yield oi
+
+
+def test_the_recipe_gives_the_package_hypotheses(
+    romanize: ic.OfflineInference, units: list[str], expected: list[Any]
+) -> None:
+    """`oi.run(units)` through the framework: an encoder batch of 256 and one of 44, then
+    the decoder steps of every live unit batched together, names joining and leaving."""
+    ours = list(romanize.run(units))
+    mismatches = [(u, a, b) for u, a, b in zip(units, ours, expected, strict=True) if a != b]
+    assert mismatches == []
+    stats = romanize.stats().models
+    assert stats["encoder"].batch_sizes == {256: 1, 44: 1}  # the package's batches
+    steps = stats["decoder"].sequences
+    assert steps is not None and steps.rows_per_step > 2  # steps of many units at once
+    again = list(romanize.run(units[:5]))  # a run of 5 is one batch of 5: the package's too
+    assert again == ideal.package_hypotheses(ideal.package_model(threads=1), units[:5])
+
+
+def test_the_recipe_runs_from_the_command_line_one_unit_per_line(
+    units: list[str], expected: list[Any], tmp_path: Path
+) -> None:
+    names = tmp_path / "names.txt"
+    names.write_text("\n".join(units[:3]) + "\n\n", encoding="utf-8")  # a blank line: skipped
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "inferchain.cli", "run", str(RECIPE), "--input", str(names)]
+    done = subprocess.run([*cmd, "--output", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    want = ideal.package_hypotheses(ideal.package_model(threads=1), units[:3])
+    assert [r["line"] for r in records] == [1, 2, 3]
+    assert [r["text"] for r in records] == units[:3]
+    assert [[(h["text"], h["score"]) for h in r["hypotheses"]] for r in records] == want
