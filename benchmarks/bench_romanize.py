@@ -7,7 +7,9 @@ own names.sqlite3, both with the package's 2 intra-op threads per session:
   continuous  the ideal hand-written loop (recipes/romanize/ideal.py): the same encoder
               batches, then decoder steps over `--slots` live names, a finished name's slot
               refilled at once
-  inferchain  joins here once the core runs sequences (recipes/romanize/pipeline.py)
+  inferchain  the recipe (recipes/romanize): `oi.run(units)`; the encoder in the package's
+              batches (`batching: fill`), one decoder sequence of 2 beams per unit, the
+              steps of every live unit batched together
 Target: inferchain >= 1.3x the package. Every side's hypotheses (texts and scores) must be
 identical to the package's.
 Run: `python benchmarks/bench_romanize.py [--quick]`; writes benchmarks/results/bench_romanize.json.
@@ -52,10 +54,24 @@ def main() -> None:
             encoder, decoder, spec, units, args.slots
         )
 
-    sides = {"package": timed(package), "continuous": timed(continuous)}
-    # inferchain: add `"inferchain": timed(lambda: list(oi.run(units)))` here once the core
-    # runs sequences (recipes/romanize/recipe.yaml), with the same session options.
-    samples_s = interleave(sides, rounds)
+    import inferchain as ic
+
+    threads = {"intra_op_num_threads": args.threads}
+    oi = ic.OfflineInference(ic.load_recipe(RECIPE, session_options=threads)).init()
+
+    def recipe() -> None:
+        outputs["inferchain"] = list(oi.run(units))
+
+    sides = {
+        "package": timed(package),
+        "continuous": timed(continuous),
+        "inferchain": timed(recipe),
+    }
+    try:
+        samples_s = interleave(sides, rounds)
+        steps = oi.stats().models["decoder"].sequences
+    finally:
+        oi.close()
     identical = {name: out == outputs["package"] for name, out in outputs.items()}
     secs = {k: median(v) for k, v in samples_s.items()}
     rows = [("side", "seconds", "names/s", "x package", "identical")]
@@ -81,7 +97,7 @@ def main() -> None:
             },
             "hypotheses_identical": identical,
             "target": ">= 1.3x",
-            "inferchain": "not yet: needs the core's sequences",
+            "decoder_steps": None if steps is None else steps.to_dict(),
         },
     )
     print(f"wrote {path}")

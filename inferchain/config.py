@@ -136,6 +136,7 @@ class SessionOptions(_Schema):
         "inter_op_num_threads": int,
         "graph_optimization_level": str,
         "execution_mode": str,
+        "allow_spinning": bool,
     }
     intra_op_num_threads: int = attrs.field(default=0, validator=_non_negative)
     inter_op_num_threads: int = attrs.field(default=0, validator=_non_negative)
@@ -143,6 +144,9 @@ class SessionOptions(_Schema):
     execution_mode: str = attrs.field(
         default="sequential", validator=_one_of("sequential", "parallel")
     )
+    # idle intra-op threads spin for new work (ONNX Runtime's default); false: they sleep,
+    # leaving the cores to the host's Python (steps of sequences) and to other models
+    allow_spinning: bool = True
 
 
 @attrs.frozen

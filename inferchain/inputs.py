@@ -90,6 +90,24 @@ class InputSpec:
         """One sequence step's arrays in the model's input order: `inputs` (name -> value)
         checked for the inputs that are not carried, `carried` (index -> value) for the
         others, as they are."""
+        self._check_step_names(inputs, carried)
+        return tuple(
+            carried[i] if i in carried else self._check(i, inputs[name])
+            for i, name in enumerate(self.names)
+        )
+
+    def step_columns(
+        self, inputs: Mapping[str, Any], carried: Mapping[int, Any]
+    ) -> list[np.ndarray | None]:
+        """The inputs of a step of several rows, each checked at once as the rows of one
+        array, in the model's input order (None for the `carried` indices)."""
+        self._check_step_names(inputs, carried)
+        return [
+            None if i in carried else self.block(i, np.asarray(inputs[name]))
+            for i, name in enumerate(self.names)
+        ]
+
+    def _check_step_names(self, inputs: Mapping[str, Any], carried: Mapping[int, Any]) -> None:
         if len(inputs) + len(carried) != len(self.names) or any(
             self._index.get(n, -1) in carried or n not in self._index for n in inputs
         ):
@@ -100,17 +118,17 @@ class InputSpec:
                 f"model {self.model!r}: a step takes inputs {taken}; "
                 f"unknown: {unknown}, missing: {missing}"
             )
-        return tuple(
-            carried[i] if i in carried else self._check(i, inputs[name])
-            for i, name in enumerate(self.names)
-        )
 
     def rows(self, block: np.ndarray) -> np.ndarray:
         """A one-input model's items stacked as the rows of one array, checked at once."""
-        exact = self._exact[0]
+        return self.block(0, block)
+
+    def block(self, i: int, block: np.ndarray) -> np.ndarray:
+        """Items of input `i` stacked as the rows of one array, checked at once."""
+        exact = self._exact[i]
         if exact is not None and block.dtype == exact[0] and block.shape[1:] == exact[1]:
             return block
-        name, dtype, shape = self.names[0], self.dtypes[0], self.shapes[0]
+        name, dtype, shape = self.names[i], self.dtypes[i], self.shapes[i]
         where = f"model {self.model!r} input {name!r}"
         if block.ndim != len(shape) + 1 or any(
             d is not None and d != a for d, a in zip(shape, block.shape[1:], strict=True)

@@ -7,6 +7,7 @@ them to the ExecutionEngine, which runs the loop.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -240,39 +241,57 @@ class OfflineInference:
                 f"model {model!r}: {unknown} are not carried inputs (carried: {list(pool.inputs)})"
             )
         slots = pool.acquire(dict(state or {}), timeout, rows)
-        return LiveSequence(
-            model, pool, slots, lambda inputs, at, options: self._step(model, inputs, at, options)
-        )
+        return LiveSequence(model, pool, slots, functools.partial(self._step, model))
 
     def _step(
-        self, model: str, inputs: Mapping[str, Any], slot: int, options: dict[str, Any]
-    ) -> Request:
-        """Submit one step of the sequence in `slot`. A plain step joins the model's
-        PendingSteps, which hands the engine one Work per step batch; a step with a
-        priority or a timeout is a one-row Work of its own."""
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        slots: np.ndarray,
+        options: dict[str, Any],
+        rows: bool,
+        before: Callable[[], None] | None = None,
+    ) -> list[Request]:
+        """Submit one step of the sequence in `slots`: `inputs` of its one row, or (`rows`)
+        one row per slot; `before` runs once the inputs are checked (a reorder of the
+        sequence's state). Plain steps join the model's PendingSteps, which hands the
+        engine one Work per step batch; a step with a priority or a timeout is a Work of
+        its own."""
         unknown = sorted(set(options) - {"priority", "timeout", "callback"})
         if unknown:
             raise TypeError(f"step() got unexpected options {unknown}")
-        loaded = self._model(model)
-        steps = loaded.steps
+        steps = self._model(model).steps
         assert steps is not None
-        item, key = steps.item(inputs, slot)
+        if rows:
+            items, keys = steps.rows(inputs, slots)
+        else:
+            item, key = steps.item(inputs, int(slots[0]))
+            items, keys = [item], [key]
+        if before is not None:
+            before()
         if options.keys() - {"callback"}:
-            (work,) = self._works(model, (item,), per_item=True, **options)
-            work.slots = np.array([slot], dtype=np.intp)
-            self._running_engine().submit(work)
-            assert work.requests is not None
-            return work.requests[0]
-        request = Request(
-            self._take_ids(1),
-            model,
-            item,
-            callback=options.get("callback"),
-            on_cancel=steps.cancelled,
-            lock=steps.lock,
-        )
-        steps.add(request, slot, item, key)
-        return request
+            works = self._works(model, items, per_item=True, **options)
+            start = 0
+            for work in works:  # runs of equal shapes: all of them, for a sequence
+                work.slots = slots[start : start + work.rows]
+                start += work.rows
+                self._running_engine().submit(work)
+            return [r for w in works for r in w.requests or ()]
+        first = self._take_ids(len(items))
+        callback = options.get("callback")
+        requests = [
+            Request(
+                first + j,
+                model,
+                item,
+                callback=callback,
+                on_cancel=steps.cancelled,
+                lock=steps.lock,
+            )
+            for j, item in enumerate(items)
+        ]
+        steps.add(requests, slots.tolist(), items, keys)
+        return requests
 
     def flush(self, *, steps: bool = True, batches: bool | Literal["if_stalled"] = True) -> None:
         """Send what waits for others to form a batch now: the queued `steps` of sequences

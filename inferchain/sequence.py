@@ -26,7 +26,11 @@ from inferchain.core.request import Request, RequestState
 from inferchain.core.sequences import StatePool
 from inferchain.errors import Closed, InvalidInput, RequestError
 
-SubmitStep = Callable[[Mapping[str, Any], int, dict[str, Any]], Request]
+# (inputs, slots, options, rows, before): the step's requests; see OfflineInference._step
+SubmitStep = Callable[
+    [Mapping[str, Any], np.ndarray, dict[str, Any], bool, Callable[[], None] | None],
+    list[Request],
+]
 
 
 class LiveSequence:
@@ -61,10 +65,9 @@ class LiveSequence:
                 f"sequence of model {self.model!r} has {self.rows} rows: use step_rows()"
             )
         self._check(inputs)
-        request = self._submit(inputs, int(self.slots[0]), options)
-        self._last = [request]
+        self._last = self._submit(inputs, self.slots, options, False, None)
         self.steps += 1
-        return request
+        return self._last[0]
 
     def step_rows(
         self, inputs: Mapping[str, Any], *, reorder: Any = None, **options: Any
@@ -74,15 +77,6 @@ class LiveSequence:
         the carried state row `reorder[j]` had after the previous step. One Request per row."""
         self._check(inputs)
         k = self.rows
-        columns = {}
-        for name, value in inputs.items():
-            array = np.asarray(value)
-            if array.ndim == 0 or len(array) != k:
-                raise InvalidInput(
-                    f"sequence of model {self.model!r}: input {name!r} needs one row for each "
-                    f"of the {k} rows of the sequence, got shape {array.shape}"
-                )
-            columns[name] = array
         if reorder is not None:
             order = np.asarray(reorder)
             if (
@@ -94,11 +88,9 @@ class LiveSequence:
                     f"sequence of model {self.model!r}: reorder must be {k} row numbers in "
                     f"[0, {k}), got {order!r}"
                 )
-            self._pool.reorder(self.slots, order)
-        requests = [
-            self._submit({n: a[j] for n, a in columns.items()}, int(slot), options)
-            for j, slot in enumerate(self.slots)
-        ]
+        pool, slots = self._pool, self.slots
+        before = None if reorder is None else lambda: pool.reorder(slots, order)
+        requests = self._submit(inputs, slots, options, True, before)  # reorders once checked
         self._last = requests
         self.steps += 1
         return requests

@@ -50,6 +50,9 @@ def session_options(options: SessionOptions) -> ort.SessionOptions:
         if options.execution_mode == "parallel"
         else ort.ExecutionMode.ORT_SEQUENTIAL
     )
+    if not options.allow_spinning:  # idle intra-op threads sleep instead of spinning
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return so
 
 

@@ -204,29 +204,63 @@ class PendingSteps:
         slot) and its batch key; raises `InvalidInput` naming what is wrong."""
         spec, pool = self.spec, self.pool
         item = spec.step_item(inputs, {i: pool.arrays[i][slot] for i in pool.inputs.values()})
-        shapes: Hashable = None if self._fixed_shapes else tuple(a.shape for a in item)
-        key = (shapes, shared_values(item, spec.shared)) if spec.shared else shapes
-        return item, key
+        return item, self._key(item)
 
-    def add(self, request: Request, slot: int, item: tuple[np.ndarray, ...], key: Hashable) -> None:
-        """Queue a step; its group goes to the engine once it is a whole cohort."""
+    def rows(
+        self, inputs: Mapping[str, Any], slots: np.ndarray
+    ) -> tuple[list[tuple[np.ndarray, ...]], list[Hashable]]:
+        """The steps of a sequence's rows (`inputs`: name -> one row per slot, each input
+        checked once): each row's arrays and batch key, as `item` gives them."""
+        spec, pool = self.spec, self.pool
+        columns = spec.step_columns(inputs, dict.fromkeys(pool.inputs.values()))
+        k = len(slots)
+        for name, c in zip(spec.names, columns, strict=True):
+            if c is not None and len(c) != k:
+                raise InvalidInput(
+                    f"model {pool.model!r} input {name!r}: a step of a sequence of {k} rows "
+                    f"takes {k} rows, got {len(c)}"
+                )
+        arrays = pool.arrays
+        items = [
+            tuple(arrays[i][slot] if c is None else c[j] for i, c in enumerate(columns))
+            for j, slot in enumerate(slots.tolist())
+        ]
+        if not spec.shared:
+            shapes = None if self._fixed_shapes else tuple(a.shape for a in items[0])
+            return items, [shapes] * k
+        return items, [self._key(it) for it in items]
+
+    def _key(self, item: tuple[np.ndarray, ...]) -> Hashable:
+        shapes: Hashable = None if self._fixed_shapes else tuple(a.shape for a in item)
+        return (shapes, shared_values(item, self.spec.shared)) if self.spec.shared else shapes
+
+    def add(
+        self,
+        requests: Sequence[Request],
+        slots: Sequence[int],
+        items: Sequence[tuple[np.ndarray, ...]],
+        keys: Sequence[Hashable],
+    ) -> None:
+        """Queue steps; a group goes to the engine once it is a whole cohort, or when every
+        live row has stepped."""
+        new_group = False
         with self.lock:
-            group = self._groups.get(key)
-            first = group is None
-            if group is None:
-                group = self._groups[key] = _Group(time.perf_counter())
-            group.requests.append(request)
-            group.slots.append(slot)
-            group.items.append(item)
-            self._pending += 1
-            if self._all_in():
+            for request, slot, item, key in zip(requests, slots, items, keys, strict=True):
+                group = self._groups.get(key)
+                if group is None:
+                    group = self._groups[key] = _Group(time.perf_counter())
+                    new_group = True
+                group.requests.append(request)
+                group.slots.append(slot)
+                group.items.append(item)
+                self._pending += 1
+                if len(group.requests) >= self._cohort():
+                    self._send(key)
+            if self._pending and self._all_in():
                 self.flush()
-                return
-            if len(group.requests) >= self._cohort():
-                self._send(key)
-                return
-        if first:
-            self._wake()  # the loop times the group's window
+            waiting = self._pending > 0
+        if new_group and waiting:
+            self._wake()  # the loop times the new groups' window
 
     def released(self) -> None:
         """Slots were freed (any thread): the steps queued may be all there is to wait for."""

@@ -128,6 +128,34 @@ def advance(
     return top_scores, was_finished | (token == eos), lengths, beam, token
 
 
+def advance_one(
+    scores: np.ndarray,
+    finished: np.ndarray,
+    lengths: np.ndarray,
+    first: bool,
+    logprobs: np.ndarray,
+    pad: int,
+    eos: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`advance` for one name (scores, finished, lengths of shape [k]; logprobs [k, V]):
+    the same arithmetic on 1-D arrays, without the batch axis's indexing overhead."""
+    k, v = logprobs.shape
+    lp = logprobs.astype(np.float64)
+    if first:
+        lp[:, eos] = -np.inf
+    if finished.any():
+        lp[finished] = -np.inf
+    lp[:, pad] = np.where(finished, 0.0, -np.inf)
+    flat = (scores[:, None] + lp).ravel()
+    top = np.argpartition(-flat, k - 1)[:k]
+    top_scores = flat[top]
+    order = np.argsort(-top_scores, kind="stable")
+    top, top_scores = top[order], top_scores[order]
+    beam, token = top // v, top % v
+    was_finished = finished[beam]
+    return top_scores, was_finished | (token == eos), lengths[beam] + ~was_finished, beam, token
+
+
 def hypotheses(
     spec: BeamSpec, tokens: np.ndarray, scores: np.ndarray, lengths: np.ndarray
 ) -> Hypotheses:
@@ -168,18 +196,22 @@ def beam_steps(spec: BeamSpec) -> Generator[DecodeStep, np.ndarray, Hypotheses]:
     beam) and the constant `memory` / `src_mask` stay with whoever runs the decoder.
     """
     k, vocab = spec.beam_width, spec.vocab
-    scores = initial_scores(1, k)
-    finished = np.zeros((1, k), dtype=bool)
-    lengths = np.zeros((1, k), dtype=np.int64)
-    tokens = np.zeros((k, 0), dtype=np.int64)
+    scores = initial_scores(1, k)[0]
+    finished = np.zeros(k, dtype=bool)
+    lengths = np.zeros(k, dtype=np.int64)
+    tokens = np.zeros((k, spec.max_len), dtype=np.int64)
     step = DecodeStep(np.full((k, 1), vocab.bos_id, dtype=np.int64), None)
-    for t in range(spec.max_len):
+    t = 0
+    while t < spec.max_len:
         logprobs = yield step
-        scores, finished, lengths, beam, token = advance(
-            scores, finished, lengths, np.array([t == 0]), logprobs, vocab.pad_id, vocab.eos_id
+        scores, finished, lengths, beam, token = advance_one(
+            scores, finished, lengths, t == 0, logprobs, vocab.pad_id, vocab.eos_id
         )
-        tokens = np.concatenate([tokens[beam[0]], token.reshape(k, 1)], axis=1)
+        tokens[:, : t + 1] = tokens[beam, : t + 1]
+        tokens[:, t] = token
+        t += 1
         if finished.all():
             break
-        step = DecodeStep(token.reshape(k, 1), beam[0])
-    return hypotheses(spec, tokens, scores[0], lengths[0])
+        step = DecodeStep(token.reshape(k, 1), beam)
+    tokens = tokens[:, :t]
+    return hypotheses(spec, tokens, scores, lengths)
