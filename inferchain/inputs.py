@@ -159,6 +159,10 @@ class InputSpec:
             )
         return [inputs[n] for n in self.names]
 
+    def check(self, i: int, value: Any) -> np.ndarray:
+        """`value` as input `i` of one item, checked; raises `InvalidInput`."""
+        return self._check(i, value)
+
     def _check(self, i: int, value: Any) -> np.ndarray:
         array = self._check_layout(i, value)
         if self.reject_nonfinite and array.dtype.kind in "fc" and not np.isfinite(array).all():

@@ -241,7 +241,13 @@ class OfflineInference:
                 f"model {model!r}: {unknown} are not carried inputs (carried: {list(pool.inputs)})"
             )
         slots = pool.acquire(dict(state or {}), timeout, rows)
-        return LiveSequence(model, pool, slots, functools.partial(self._step, model))
+        steps = loaded.steps
+        assert steps is not None
+
+        def one(inputs: Mapping[str, Any], slot: int, callback: Callback | None) -> Request:
+            return steps.step(self._take_ids(1), inputs, slot, callback)
+
+        return LiveSequence(model, pool, slots, functools.partial(self._step, model), one)
 
     def _step(
         self,

@@ -31,18 +31,30 @@ SubmitStep = Callable[
     [Mapping[str, Any], np.ndarray, dict[str, Any], bool, Callable[[], None] | None],
     list[Request],
 ]
+StepOne = Callable[[Mapping[str, Any], int, Any], Request]  # (inputs, slot, callback)
 
 
 class LiveSequence:
     """One sequence of `model`: its slots, and its steps in order (one at a time)."""
 
-    def __init__(self, model: str, pool: StatePool, slots: np.ndarray, submit: SubmitStep) -> None:
+    def __init__(
+        self,
+        model: str,
+        pool: StatePool,
+        slots: np.ndarray,
+        submit: SubmitStep,
+        step_one: StepOne | None = None,
+    ) -> None:
+        """`submit` takes any step; `step_one`, a plain step of a one-row sequence (the
+        fast path of `step()`, with no option but a callback)."""
         self.model = model
         self.slots = slots  # its rows in every carried-state array of the pool
         self.rows = len(slots)
         self.steps = 0  # steps submitted so far
         self._pool = pool
         self._submit = submit
+        self._one = step_one
+        self._slot = int(slots[0])
         self._last: list[Request] = []
         self._closed = False
 
@@ -64,8 +76,20 @@ class LiveSequence:
             raise InvalidInput(
                 f"sequence of model {self.model!r} has {self.rows} rows: use step_rows()"
             )
-        self._check(inputs)
-        self._last = self._submit(inputs, self.slots, options, False, None)
+        last = self._last
+        if (
+            self._one is not None
+            and not self._closed
+            and (not last or last[0].state is RequestState.DONE)
+            and isinstance(inputs, dict)
+            and options.keys() <= {"callback"}
+            and self._pool.inputs.keys().isdisjoint(inputs)
+        ):
+            request = self._one(inputs, self._slot, options.get("callback"))
+            self._last = [request]
+        else:
+            self._check(inputs)
+            self._last = self._submit(inputs, self.slots, options, False, None)
         self.steps += 1
         return self._last[0]
 

@@ -183,6 +183,16 @@ class PendingSteps:
         self._running = 0  # steps in Works sent, not yet ended
         pool.on_release = self.released
         self._carried = frozenset(i for _, i, _ in pool.carried)
+        # `step`'s plan: per input, its index, name and (dtype, shape) for the one-compare
+        # check (None for a carried input); inputs of dynamic shape go through spec.check
+        self._plan = tuple(
+            (i, name, None if i in self._carried else (dtype, shape))
+            for i, (name, dtype, shape) in enumerate(
+                zip(spec.names, spec.dtypes, spec.shapes, strict=True)
+            )
+        )
+        self._given = len(spec.names) - len(self._carried)  # inputs a step passes
+        self._strict = spec.reject_nonfinite  # every value checked in full
         self._fixed_shapes = None not in (d for s in spec.shapes for d in s)
 
     @property
@@ -198,6 +208,42 @@ class PendingSteps:
     def _all_in(self) -> bool:
         """Every live row has its next step queued or running: none can join (under `lock`)."""
         return self._pending + self._running >= self.pool.num_live
+
+    def step(
+        self, request_id: int, inputs: Mapping[str, Any], slot: int, callback: Any = None
+    ) -> Request:
+        """Check and queue the next step of the one-row sequence in `slot` (the hot path
+        of `LiveSequence.step`): its Request, WAITING. Raises `InvalidInput` naming what is
+        wrong, and then nothing is queued."""
+        arrays = self.pool.arrays
+        item: list[np.ndarray] = []
+        if len(inputs) == self._given and not self._strict:
+            try:
+                for i, name, exact in self._plan:
+                    if exact is None:  # a carried input: a view of the slot
+                        item.append(arrays[i][slot])
+                        continue
+                    v = inputs[name]
+                    if type(v) is np.ndarray and v.dtype == exact[0] and v.shape == exact[1]:
+                        item.append(v)
+                    else:
+                        item.append(self.spec.check(i, v))
+            except KeyError:
+                item = []
+        if len(item) != len(self._plan):
+            item = list(self.item(inputs, slot)[0])  # the checks in full: raises, or is fine
+        row = tuple(item)
+        key = self._key(row) if self.spec.shared or not self._fixed_shapes else None
+        request = Request(
+            request_id,
+            self.pool.model,
+            row,
+            callback=callback,
+            on_cancel=self.cancelled,
+            lock=self.lock,
+        )
+        self.add((request,), (slot,), (row,), (key,))
+        return request
 
     def item(self, inputs: Mapping[str, Any], slot: int) -> tuple[tuple[np.ndarray, ...], Hashable]:
         """One step's arrays in the model's input order (the carried ones: views of the
