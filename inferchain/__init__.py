@@ -24,7 +24,7 @@ from inferchain.errors import (
 from inferchain.metrics import Stats
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline
-from inferchain.sequence import LiveSequence
+from inferchain.sequence import LiveSequence, Stepper
 from inferchain.tensors import ModelInfo, TensorDesc
 
 __version__ = "0.1.0"
@@ -52,6 +52,7 @@ __all__ = [
     "RequestState",
     "RequestTimeout",
     "Stats",
+    "Stepper",
     "TensorDesc",
     "__version__",
     "load_recipe",

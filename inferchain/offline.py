@@ -22,6 +22,7 @@ from inferchain.config import ModelConfig, Recipe, load_recipe
 from inferchain.core.engine import ExecutionEngine
 from inferchain.core.request import Callback, Outputs, Request, RequestState
 from inferchain.core.scheduler import Scheduler
+from inferchain.core.sequences import SequenceRunner, Stepper
 from inferchain.core.work import Work
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.inputs import Item, batch_key, runs, stack
@@ -65,6 +66,7 @@ class OfflineInference:
         self._next_id = 1
         self._models: dict[str, LoadedModel] = {}  # after init()
         self._engine: ExecutionEngine | None = None
+        self._runners: dict[tuple[str, int], SequenceRunner] = {}  # by (model, stepper)
         self._pipeline: Pipeline | None = None
         self.metrics = Metrics(m.name for m in self.recipe.models)
 
@@ -137,6 +139,8 @@ class OfflineInference:
                 engine.cancel_all()
                 engine.wait_all(timeout)
             engine.close()
+        for runner in self._runners.values():  # sequences still waiting for a step
+            runner.abort(Closed("the OfflineInference was closed before the sequence ended"))
         if self._backend is not None:
             self._backend.close()
         self._phase = "closed"
@@ -298,6 +302,39 @@ class OfflineInference:
         ]
         steps.add(requests, slots.tolist(), items, keys)
         return requests
+
+    def run_sequence(self, model: str, stepper: Stepper, item: Any) -> Request:
+        """Run one whole sequence of the stateful `model` for `item`, its host logic in
+        `stepper` (an `inferchain.Stepper`: every step of all the sequences run with this
+        stepper is computed for them together, in one call per step batch). Returns a
+        Request that ends DONE with `stepper.result(state)` as its outputs (or ERROR with
+        what failed); cancel it to end the sequence at its next step. See
+        docs/sequences.md."""
+        engine = self._running_engine()
+        loaded = self._model(model)
+        if loaded.pool is None:
+            raise ConfigError(
+                f"{self.recipe.source}: model {model!r} carries no state between steps "
+                "(recipe key `state:`); run_sequence() needs a stateful model"
+            )
+        key = (model, id(stepper))
+        with self._lock:
+            runner = self._runners.get(key)
+            if runner is None:
+                runner = self._runners[key] = SequenceRunner(
+                    loaded.pool,
+                    loaded.spec,
+                    stepper,
+                    names=loaded.output_names,
+                    shapes=loaded.shapes,
+                    batch_rows=loaded.config.batch_rows,
+                    submit=engine.submit_steps,
+                    take_id=lambda: self._take_ids(1),
+                    record=self.metrics.models[model].record_steps_formed,
+                )
+        request = Request(self._take_ids(1), model, on_cancel=runner.cancelled)
+        runner.submit(request, item)
+        return request
 
     def flush(self, *, steps: bool = True, batches: bool | Literal["if_stalled"] = True) -> None:
         """Send what waits for others to form a batch now: the queued `steps` of sequences

@@ -13,6 +13,10 @@ frees the slot, once the last step submitted has ended.
 A sequence of several rows (`oi.sequence(model, rows=k)`, e.g. the k beams of a beam
 search) holds k slots; `step_rows(inputs, reorder=...)` submits one step of all its rows
 (row j of each input is row j's) and may first reorder their carried state.
+
+Where the host logic of a step can be written for many sequences at once with numpy, a
+`Stepper` (`oi.run_sequence(model, stepper, item)`) runs it once per step batch instead of
+once per sequence and step.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from typing import Any
 import numpy as np
 
 from inferchain.core.request import Request, RequestState
-from inferchain.core.sequences import StatePool
+from inferchain.core.sequences import StatePool, Stepper
 from inferchain.errors import Closed, InvalidInput, RequestError
 
 # (inputs, slots, options, rows, before): the step's requests; see OfflineInference._step
+__all__ = ["LiveSequence", "Stepper"]
+
 SubmitStep = Callable[
     [Mapping[str, Any], np.ndarray, dict[str, Any], bool, Callable[[], None] | None],
     list[Request],

@@ -129,6 +129,15 @@ def test_the_recipe_gives_the_package_hypotheses(
     assert again == ideal.package_hypotheses(ideal.package_model(threads=1), units[:5])
 
 
+def test_the_recipe_as_a_generator_per_unit_gives_the_package_hypotheses(
+    units: list[str], expected: list[Any]
+) -> None:
+    with ic.OfflineInference(ic.load_recipe(RECIPE)) as oi:
+        oi._pipeline = recipe_module("pipeline").StepwisePipeline(oi)
+        ours = list(oi.run(units))
+    assert ours == expected
+
+
 def test_the_recipe_runs_from_the_command_line_one_unit_per_line(
     units: list[str], expected: list[Any], tmp_path: Path
 ) -> None:

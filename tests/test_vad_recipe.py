@@ -143,10 +143,14 @@ def test_the_recipe_gives_the_package_segments(
 
     expected = ideal.package_segments(audios, package_model)
     with ic.OfflineInference(ic.load_recipe(RECIPE)) as oi:
-        got = list(oi.run(audios))
+        got = list(oi.run([*audios, np.zeros(0, np.float32)]))  # the host steps of all files
         sizes = oi.stats().models["vad"].batch_sizes
-    assert got == expected
+        stepwise = _import_recipe_module(RECIPE, "pipeline").StepwisePipeline(oi)
+        oi._pipeline = stepwise  # the same recipe, a generator per file
+        got_stepwise = list(oi.run(audios[:8]))
+    assert got == [*expected, []]
     assert max(sizes) > 1  # the steps of several files shared batches
+    assert got_stepwise == expected[:8]
 
 
 def test_the_recipe_runs_from_the_command_line(samples: list[Path], tmp_path: Path) -> None:

@@ -506,7 +506,8 @@ class ExecutionEngine:
             shape_key = slices[0].work.shape_key  # the same for every work of the group ...
             if model.longest:  # ... except where a batch takes the envelope of its rows
                 shape_key = envelope([s.work.shape_key for s in slices])
-            batch = Batch(model.name, worker.index, stream, tuple(slices), rows, shape_key, now)
+            sent = time.perf_counter()  # not `now`: a work may have come within this step
+            batch = Batch(model.name, worker.index, stream, tuple(slices), rows, shape_key, sent)
             worker.dispatch(batch)
         return float("inf")
 

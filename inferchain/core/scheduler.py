@@ -216,5 +216,5 @@ class Scheduler:
             q.allocate(work)
             self.num_waiting -= work.rows
             work.state = RequestState.READY
-            work.admitted = now
+            work.admitted = max(now, work.submitted)  # submitted within this step: not before
             admitted.append(work)

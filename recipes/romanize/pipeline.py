@@ -1,19 +1,103 @@
 """Romanize recipe: one name unit -> its encoder row -> a decoder sequence of k beams.
 
-The beam-search arithmetic is `beam.py`'s (the package's, one unit at a time); the state
-(`hidden`, one row per beam) stays in the decoder's sequence slots and is reordered with the
-beams there, and the encoder outputs `memory` / `src_mask` are fed again at every step.
+`RomanizePipeline` runs the beam search of all live units at once (`BeamSteps`: one call per
+decoder step batch, `beam.advance` over all its units); `StepwisePipeline` is the same recipe
+as a generator per unit (`oi.sequence(rows=k)`, `beam.beam_steps`). Both give the package's
+hypotheses. The state (`hidden`, one row per beam) stays in the decoder's sequence slots and
+is reordered with the beams there; the encoder outputs `memory` / `src_mask` are fed again
+at every step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from inferchain import Stepper
 from inferchain.pipeline import Pipeline, Process
 
-from .beam import BeamSpec, beam_steps
+from .beam import BeamSpec, Hypotheses, advance, beam_steps, hypotheses
+
+
+class _Unit:
+    """One unit's beam search: its encoder outputs and its beams so far."""
+
+    __slots__ = ("finished", "hidden", "last", "lengths", "mask", "memory", "scores", "t", "tokens")
+
+    def __init__(self, spec: BeamSpec, enc: Mapping[str, np.ndarray]) -> None:
+        k = spec.beam_width
+        self.memory = enc["memory_out"]  # f32[S, 256]
+        self.mask = enc["src_mask_out"]  # bool[S]
+        self.hidden = enc["hidden_out"]  # f32[2, 256]: every beam's initial state
+        self.scores = np.zeros(k, dtype=np.float64)
+        self.scores[1:] = -np.inf  # only beam 0 is alive at the start
+        self.finished = np.zeros(k, dtype=bool)
+        self.lengths = np.zeros(k, dtype=np.int64)
+        self.tokens = np.zeros((k, spec.max_len), dtype=np.int64)
+        self.last = np.full(k, spec.vocab.bos_id, dtype=np.int64)
+        self.t = 0  # steps so far
+
+
+class BeamSteps(Stepper):
+    """arabic-name-romanizer's beam search for every live unit of a step batch at once."""
+
+    def __init__(self, spec: BeamSpec) -> None:
+        self.spec = spec
+        self.rows = spec.beam_width
+
+    def start(self, item: Mapping[str, np.ndarray]) -> _Unit:
+        return _Unit(self.spec, item)
+
+    def initial(self, state: _Unit) -> Mapping[str, np.ndarray]:
+        return {"hidden": state.hidden}
+
+    def feed(self, states: Sequence[_Unit]) -> Mapping[str, np.ndarray]:
+        """Each beam's last token; `memory` and `src_mask` padded to the longest unit of the
+        batch (zeros, masked: the decoder's outputs do not change)."""
+        k, n = self.rows, len(states)
+        width = max(u.memory.shape[0] for u in states)
+        memory = np.zeros((n, k, width, states[0].memory.shape[1]), dtype=np.float32)
+        mask = np.ones((n, k, width), dtype=bool)
+        for i, u in enumerate(states):
+            s = u.memory.shape[0]
+            memory[i, :, :s] = u.memory
+            mask[i, :, :s] = u.mask
+        prefix = np.stack([u.last for u in states]).reshape(n * k, 1)
+        return {
+            "prefix": prefix,
+            "memory": memory.reshape(n * k, width, -1),
+            "src_mask": mask.reshape(n * k, width),
+        }
+
+    def take(
+        self, states: Sequence[_Unit], outputs: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        spec = self.spec
+        scores, finished, lengths, beam, token = advance(
+            np.stack([u.scores for u in states]),
+            np.stack([u.finished for u in states]),
+            np.stack([u.lengths for u in states]),
+            np.array([u.t == 0 for u in states]),
+            outputs["logprobs"],
+            spec.vocab.pad_id,
+            spec.vocab.eos_id,
+        )
+        ended = finished.all(axis=1)
+        for i, u in enumerate(states):
+            t = u.t
+            u.tokens[:, : t + 1] = u.tokens[beam[i], : t + 1]
+            u.tokens[:, t] = token[i]
+            u.scores, u.finished, u.lengths, u.last = scores[i], finished[i], lengths[i], token[i]
+            u.t = t + 1
+            if u.t == spec.max_len:
+                ended[i] = True
+        return ended, beam
+
+    def result(self, state: _Unit) -> Hypotheses:
+        t = state.t
+        return hypotheses(self.spec, state.tokens[:, :t], state.scores, state.lengths)
 
 
 class RomanizePipeline(Pipeline):
@@ -28,13 +112,33 @@ class RomanizePipeline(Pipeline):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.spec = BeamSpec.from_dir()
+        self.steps = BeamSteps(self.spec)
         self.country: str | None = self.params.get("country")
         self.role: str | None = self.params.get("role")
 
-    def process(self, item: str) -> Process:
+    def encode(self, item: str) -> Any:
         spec = self.spec
         src = np.asarray(spec.source_ids(item, self.country, self.role), dtype=np.int64)
-        enc = yield self.submit("encoder", {"src": src, "src_mask": src == spec.vocab.pad_id})
+        return self.submit("encoder", {"src": src, "src_mask": src == spec.vocab.pad_id})
+
+    def process(self, item: str) -> Process:
+        enc = yield self.encode(item)
+        hyps = yield self.oi.run_sequence("decoder", self.steps, enc)
+        return hyps
+
+    def to_record(self, result: Any) -> dict[str, Any]:
+        return {"hypotheses": [{"text": t, "score": s} for t, s in result]}
+
+    def summary(self, result: Any) -> str:
+        return ", ".join(f"{t} ({s:.3f})" for t, s in result)
+
+
+class StepwisePipeline(RomanizePipeline):
+    """The same recipe as a generator per unit: `beam.beam_steps`, one `step_rows` per step."""
+
+    def process(self, item: str) -> Process:
+        spec = self.spec
+        enc = yield self.encode(item)
         k = spec.beam_width
         memory = np.broadcast_to(enc["memory_out"], (k, *enc["memory_out"].shape))
         mask = np.broadcast_to(enc["src_mask_out"], (k, *enc["src_mask_out"].shape))
@@ -48,9 +152,3 @@ class RomanizePipeline(Pipeline):
                     step = steps.send(np.stack([o["logprobs"] for o in outs]))
                 except StopIteration as done:
                     return done.value
-
-    def to_record(self, result: Any) -> dict[str, Any]:
-        return {"hypotheses": [{"text": t, "score": s} for t, s in result]}
-
-    def summary(self, result: Any) -> str:
-        return ", ".join(f"{t} ({s:.3f})" for t, s in result)

@@ -1,0 +1,195 @@
+"""`oi.run_sequence` with a `Stepper`: the host logic of many sequences at once, one call per
+step batch; slots, cancels, failures and close."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import recipe
+
+import inferchain as ic
+from inferchain import RequestState as S
+from inferchain.backends.onnxruntime import OnnxRuntimeBackend
+from inferchain.pipeline import Pipeline, Process
+from inferchain.testing.faults import FaultyBackend
+from inferchain.testing.onnx_models import write_accumulator
+
+W = 4  # the accumulator's width: total = x + state, carried as stateN -> state
+
+
+@pytest.fixture(scope="module")
+def acc_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_accumulator(tmp_path_factory.mktemp("acc") / "acc.onnx", width=W)
+
+
+def acc_recipe(path: Path, **model: object) -> ic.Recipe:
+    return recipe(
+        {
+            "name": "acc",
+            "path": str(path),
+            "max_batch_size": 8,
+            "state": {"stateN": "state"},
+            "max_sequences": 6,
+            "warmup": False,
+            **model,
+        }
+    )
+
+
+class Sums:
+    """One sequence: the rows to add, one per step, and the totals seen."""
+
+    def __init__(self, xs: np.ndarray) -> None:
+        self.xs = xs  # f32[steps, rows, W]
+        self.k = 0
+        self.totals: list[np.ndarray] = []
+
+
+class SumSteps(ic.Stepper):
+    """Feeds each sequence's next rows; ends it after its last."""
+
+    def __init__(self, rows: int = 1, fail_at: int | None = None) -> None:
+        self.rows = rows
+        self.fail_at = fail_at  # a take() when this many steps ran in all: raises
+        self.calls = 0  # take() calls
+        self.steps = 0
+
+    def start(self, item: np.ndarray) -> Sums:
+        return Sums(item)
+
+    def feed(self, states: Sequence[Sums]) -> Mapping[str, np.ndarray]:
+        return {"x": np.concatenate([s.xs[s.k] for s in states])}
+
+    def take(self, states: Sequence[Sums], outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        self.calls += 1
+        if self.fail_at is not None and self.steps >= self.fail_at:
+            raise ValueError("the host step failed")
+        totals = outputs["total"].reshape(len(states), self.rows, W)
+        for s, t in zip(states, totals, strict=True):
+            s.totals.append(t.copy())
+            s.k += 1
+        self.steps += len(states)
+        return np.array([s.k == len(s.xs) for s in states])
+
+    def result(self, state: Sums) -> np.ndarray:
+        return np.stack(state.totals)
+
+
+def sequences(n: int, seed: int = 0, rows: int = 1) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((int(rng.integers(1, 12)), rows, W)).astype(np.float32)
+            for _ in range(n)]  # fmt: skip
+
+
+def test_sequences_step_together_and_give_each_its_running_sums(acc_path: Path) -> None:
+    xs = sequences(20)
+    stepper = SumSteps()
+    with ic.OfflineInference(acc_recipe(acc_path)) as oi:
+        reqs = [oi.run_sequence("acc", stepper, x) for x in xs]  # 20 sequences, 6 slots
+        outs = [r.result(timeout=10) for r in reqs]
+        stats = oi.stats().models["acc"]
+    for x, out in zip(xs, outs, strict=True):
+        np.testing.assert_allclose(out, np.cumsum(x, axis=0), rtol=1e-5)
+    steps = sum(len(x) for x in xs)
+    assert stats.requests == steps and stats.sequences is not None
+    assert stats.sequences.live_max <= 6  # the slots bound the live sequences
+    assert stepper.calls < steps  # one host call per step batch, not per step
+    assert stats.mean_batch_size > 1
+
+
+def test_a_stepper_runs_inside_a_pipeline(acc_path: Path) -> None:
+    stepper = SumSteps()
+
+    class Totals(Pipeline):
+        def process(self, item: np.ndarray) -> Process:
+            sums = yield self.oi.run_sequence("acc", stepper, item)
+            return float(sums[-1].sum())
+
+    xs = sequences(15, seed=1)
+    with ic.OfflineInference(acc_recipe(acc_path)) as oi:
+        oi._pipeline = Totals(oi)
+        got = list(oi.run(xs))
+    assert got == pytest.approx([float(x.sum()) for x in xs], rel=1e-4)
+
+
+def test_rows_and_reorder_move_state_within_a_sequence(acc_path: Path) -> None:
+    """Two rows per sequence; after each step the rows swap their states."""
+
+    class Swap(SumSteps):
+        def take(self, states: Sequence[Sums], outputs: Mapping[str, np.ndarray]) -> Any:
+            ended = super().take(states, outputs)
+            return ended, np.tile([1, 0], (len(states), 1))
+
+    xs = sequences(5, seed=2, rows=2)
+    with ic.OfflineInference(acc_recipe(acc_path, max_sequences=4)) as oi:
+        outs = [r.result(timeout=10) for r in [oi.run_sequence("acc", Swap(rows=2), x) for x in xs]]
+    for x, out in zip(xs, outs, strict=True):
+        state = np.zeros((2, W), np.float32)
+        for k in range(len(x)):
+            total = x[k] + state
+            np.testing.assert_allclose(out[k], total, rtol=1e-5)
+            state = total[::-1]
+
+
+def test_a_cancelled_sequence_frees_its_slot_and_the_others_finish(acc_path: Path) -> None:
+    long = np.ones((400, 1, W), np.float32)
+    with ic.OfflineInference(acc_recipe(acc_path, max_sequences=2)) as oi:
+        stepper = SumSteps()
+        doomed = oi.run_sequence("acc", stepper, long)
+        other = oi.run_sequence("acc", stepper, long[:3])
+        waiting = oi.run_sequence("acc", stepper, long[:2])  # no slot until one is freed
+        assert doomed.cancel()
+        assert doomed.state is S.CANCELLED
+        np.testing.assert_allclose(waiting.result(timeout=10)[-1], 2 * long[0])
+        np.testing.assert_allclose(other.result(timeout=10)[-1], 3 * long[0])
+        assert oi.wait_all(timeout=10)
+
+
+def test_a_failure_ends_the_sequences_of_its_batch_only(acc_path: Path) -> None:
+    r = acc_recipe(acc_path, max_batch_size=1, max_sequences=1)
+    backend = FaultyBackend(OnnxRuntimeBackend(r), fail_runs={3})
+    xs = sequences(3, seed=3)
+    with ic.OfflineInference(r, backend=backend) as oi:
+        stepper = SumSteps()
+        reqs = [oi.run_sequence("acc", stepper, x) for x in xs]
+        errors = [r.exception(timeout=10) for r in reqs]
+    assert sum(e is not None for e in errors) == 1  # the run that failed had one sequence
+    assert isinstance(next(e for e in errors if e is not None), ic.BackendError)
+
+
+def test_a_host_step_that_raises_fails_its_sequences_and_the_rest_go_on(acc_path: Path) -> None:
+    xs = [np.ones((5, 1, W), np.float32)] * 2
+    with ic.OfflineInference(acc_recipe(acc_path, max_sequences=1)) as oi:
+        stepper = SumSteps(fail_at=2)
+        first = oi.run_sequence("acc", stepper, xs[0])
+        second = oi.run_sequence("acc", stepper, xs[1])
+        with pytest.raises(ValueError, match="host step failed"):
+            first.result(timeout=10)
+        with pytest.raises(ValueError, match="host step failed"):
+            second.result(timeout=10)  # the same stepper fails it too, alone
+        fine = oi.run_sequence("acc", SumSteps(), xs[0][:2])
+        np.testing.assert_allclose(fine.result(timeout=10)[-1], 2 * xs[0][0])
+
+
+def test_a_bad_feed_is_an_error_naming_the_inputs(acc_path: Path) -> None:
+    class Bad(SumSteps):
+        def feed(self, states: Sequence[Sums]) -> Mapping[str, np.ndarray]:
+            return {"y": np.zeros((len(states), W), np.float32)}
+
+    with (
+        ic.OfflineInference(acc_recipe(acc_path)) as oi,
+        pytest.raises(ic.InvalidInput, match=r"feed\(\) gave \['y'\].*not carried are \['x'\]"),
+    ):
+        oi.run_sequence("acc", Bad(), np.ones((2, 1, W), np.float32)).result(timeout=10)
+
+
+def test_close_ends_every_sequence(acc_path: Path) -> None:
+    oi = ic.OfflineInference(acc_recipe(acc_path, max_sequences=1)).init()
+    stepper = SumSteps()
+    reqs = [oi.run_sequence("acc", stepper, np.ones((50, 1, W), np.float32)) for _ in range(3)]
+    oi.close(drain_timeout=0)
+    assert all(r.done() for r in reqs)
