@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import attrs
+import numpy as np
 
 from inferchain.config import ModelConfig
 from inferchain.errors import ConfigError
@@ -142,3 +143,11 @@ def _check_output_axis(where: str, t: TensorDesc, axis: Axis) -> None:
             f"{where}: key 'outputs.{t.name}.batch_axis' is {axis}, but output {t.name!r} has "
             f"{rank} dims ({t.describe()})"
         )
+
+
+def rows_first(array: np.ndarray, axis: int) -> np.ndarray:
+    """A view of `array` with its dim `axis` moved first (`np.moveaxis(array, axis, 0)`,
+    without its argument checks: this runs for every batch)."""
+    if axis == 0:
+        return array
+    return array.transpose((axis, *range(axis), *range(axis + 1, array.ndim)))

@@ -6,9 +6,10 @@ only rows with equal keys share a batch.
 A group is sent when it holds a full batch, when its oldest row has waited the batching
 window (`max_queue_delay_ms`), at once when every worker of the model is idle (waiting
 could only add latency then), or at once when its oldest work is a batch already formed (a
-batch of sequence steps, `PendingSteps`). A model with `batching: fill` sends full batches
-only, of rows in the order they came, until the engine flushes it. Rows are taken in order;
-a Work may span several batches and a batch may hold rows of several Works.
+batch of sequence steps), which runs as a batch of its own. A model with `batching: fill`
+sends full batches only, of rows in the order they came, until the engine flushes it. Rows
+are taken in order; a Work may span several batches and a batch may hold rows of several
+Works.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class ModelBatcher:
         rows = consumed = 0
         while group and rows < self.max_rows:
             work = group[0]
+            if work.formed and rows:  # a formed batch runs alone (its cohort stays one)
+                break
             before = work.taken
             if before < work.rows:
                 if work.requests is None:
@@ -99,6 +102,8 @@ class ModelBatcher:
             if work.taken >= work.rows:
                 group.popleft()
                 work.held = False
+            if work.formed:
+                break
         self.num_ready -= consumed
         if self.num_ready <= 0:
             self.flushing = False

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from inferchain.core.records import Batch, ShapeKey, Slice
-from inferchain.layout import Axis
+from inferchain.layout import Axis, rows_first
 from inferchain.tensors import TensorDesc
 
 MAX_SHAPE_BUFFERS = 16  # buffer sets kept for dynamic shapes (LRU), at least
@@ -120,7 +120,7 @@ class HostBuffers:
                 fed.append(rows)
             else:
                 laid_out = buffer[: n * math.prod(shape)].reshape(*shape[:axis], n, *shape[axis:])
-                self._fill(np.moveaxis(laid_out, axis, 0), slices, i, shape)
+                self._fill(rows_first(laid_out, axis), slices, i, shape)
                 fed.append(laid_out)
         return fed
 

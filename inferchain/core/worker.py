@@ -24,7 +24,7 @@ from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
 from inferchain.core.sequences import StatePool
 from inferchain.errors import BackendError, ConfigError, InferchainError, LoadError
-from inferchain.layout import Layout
+from inferchain.layout import Layout, rows_first
 from inferchain.logs import get_logger, log_safely
 from inferchain.shapes import ShapePolicy
 
@@ -305,7 +305,7 @@ class ModelWorker:
         if self._moved_outputs:
             moved = list(outputs)
             for i, axis in self._moved_outputs:  # a view: rows first, no copy
-                moved[i] = np.moveaxis(moved[i], axis, 0)
+                moved[i] = rows_first(moved[i], axis)
             outputs = moved
         if self.session.reuses_outputs:
             return tuple(np.array(o[:n]) for o in outputs)
