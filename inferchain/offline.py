@@ -21,8 +21,8 @@ from inferchain.backends.factory import make_backend
 from inferchain.config import ModelConfig, Recipe, load_recipe
 from inferchain.core.engine import ExecutionEngine
 from inferchain.core.request import Callback, Outputs, Request, RequestState
+from inferchain.core.runner import SequenceRunner, Stepper
 from inferchain.core.scheduler import Scheduler
-from inferchain.core.sequences import SequenceRunner, Stepper
 from inferchain.core.work import Work
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.inputs import Item, batch_key, runs, stack

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from inferchain.core.request import Request, RequestState
-from inferchain.core.sequences import StatePool, Stepper
+from inferchain.core.runner import Stepper
+from inferchain.core.sequences import StatePool
 from inferchain.errors import Closed, InvalidInput, RequestError
 
 # (inputs, slots, options, rows, before): the step's requests; see OfflineInference._step

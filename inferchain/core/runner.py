@@ -1,0 +1,383 @@
+"""Whole sequences run by a `Stepper`: the host logic of many sequences, one call per step.
+
+`OfflineInference.run_sequence(model, stepper, item)` hands a sequence to the model's
+`SequenceRunner` for that stepper. The runner keeps the live sequences in cohorts; when a
+cohort's step batch lands (a Work's listener, on the engine's thread), the stepper updates
+all of them at once, the ended ones leave and free their `StatePool` slots, and the next
+batch leaves at once. See docs/sequences.md.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from inferchain.core.request import Request, RequestState
+from inferchain.core.sequences import STEP_COHORTS, StatePool
+from inferchain.core.work import Work
+from inferchain.errors import InvalidInput, RequestError
+from inferchain.inputs import InputSpec, batch_key
+from inferchain.shapes import ShapePolicy
+
+
+class Stepper:
+    """The host logic of many sequences of one model at once (`oi.run_sequence`).
+
+    Where a pipeline's generator steps one sequence, a stepper steps every sequence of a
+    batch together, with numpy over all their rows: the framework calls it once per step
+    batch, not once per sequence, so the host's cost per step is a few numpy calls shared by
+    the batch. A sequence has `rows` rows of carried state (e.g. one per beam).
+
+    - `start(item)`: one sequence's host state, when it is submitted (the caller's thread);
+    - `initial(state)`: its initial carried state, or None for zeros;
+    - `feed(states)`: the next step's inputs that are not carried, for the sequences
+      `states` in order: name -> array of `len(states) * rows` rows (the rows of
+      `states[0]` first); an unbatched input (`batched: false`) gets its one value;
+    - `take(states, outputs)`: the step's outputs (name -> rows, carried ones included) for
+      those sequences; update the states and return a bool per sequence, True where it
+      has ended, and optionally `reorder`, ints [len(states), rows]: row j of a sequence
+      goes on from the carried state its row `reorder[i, j]` had (a beam search);
+    - `result(state)`: an ended sequence's result.
+
+    `feed`, `take` and `result` run on the engine's thread, one call at a time: they must
+    not block. An exception fails the sequences of that call only.
+    """
+
+    rows: int = 1
+
+    def start(self, item: Any) -> Any:
+        return item
+
+    def initial(self, state: Any) -> Mapping[str, np.ndarray] | None:
+        """The sequence's initial carried state (input name -> one item for every row, or
+        `rows` items), when it gets its slots; None: the recipe's `state_init` (zeros)."""
+        return None
+
+    def feed(self, states: Sequence[Any]) -> Mapping[str, np.ndarray]:
+        raise NotImplementedError
+
+    def take(
+        self, states: Sequence[Any], outputs: Mapping[str, np.ndarray]
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray | None]:
+        raise NotImplementedError
+
+    def result(self, state: Any) -> Any:
+        return state
+
+
+class _Live:
+    """One sequence run by a `SequenceRunner`."""
+
+    __slots__ = ("request", "slots", "state")
+
+    def __init__(self, request: Request, state: Any) -> None:
+        self.request = request
+        self.state = state
+        self.slots: np.ndarray | None = None
+
+
+class SequenceRunner:
+    """Runs whole sequences of a model with one `Stepper`: after each step batch lands, the
+    stepper updates all its sequences at once and the next batch leaves at once, from the
+    engine's thread; ended sequences free their slots for waiting ones.
+
+    The live sequences step in `cohorts` batches (two: one is on a worker while the other's
+    host step runs and it queues behind). A cohort holds at most half the live rows (and a
+    batch); new sequences join the next cohort that leaves.
+    """
+
+    def __init__(
+        self,
+        pool: StatePool,
+        spec: InputSpec,
+        stepper: Stepper,
+        *,
+        names: tuple[str, ...],
+        shapes: ShapePolicy,
+        batch_rows: int,
+        submit: Callable[[Work], None],
+        take_id: Callable[[], int],
+        cohorts: int = STEP_COHORTS,
+        record: Callable[[int], None] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.spec = spec
+        self.stepper = stepper
+        self.names = names
+        self.shapes = shapes
+        self.rows = max(1, int(stepper.rows))
+        self.batch_rows = max(batch_rows, self.rows)
+        self.cohorts = max(1, cohorts)
+        self._submit = submit
+        self._take_id = take_id
+        self._record = record  # told the live rows each time a step batch leaves
+        self._lock = threading.RLock()
+        self._waiting: deque[_Live] = deque()  # submitted, no slot yet
+        self._joining: list[_Live] = []  # with a slot, for the next cohort
+        self._in_flight = 0  # cohorts on their way
+        self._live = 0  # sequences with a slot
+        self._freed: list[np.ndarray] = []  # slots to give back once the lock is left
+        self._open: set[_Live] = set()  # every sequence submitted and not ended
+        pool.on_release.append(self._slots_freed)
+        carried = {i for _, i, _ in pool.carried}
+        self._fed = [n for i, n in enumerate(spec.names) if i not in carried]
+
+    @property
+    def num_live(self) -> int:
+        return self._live
+
+    def submit(self, request: Request, item: Any) -> None:
+        """A new sequence for `item` (the caller's thread); `request` ends with its result."""
+        state = self.stepper.start(item)
+        live = _Live(request, state)
+        with self._lock:
+            self._open.add(live)
+            self._waiting.append(live)
+            self._admit()
+            self._launch_ready()
+        self._give_back()
+
+    def cancelled(self, request: Request) -> None:
+        """A sequence's request was cancelled: it leaves at its cohort's next landing."""
+        with self._lock:
+            for live in list(self._waiting):
+                if live.request is request:
+                    self._waiting.remove(live)
+                    self._open.discard(live)
+                    break
+            else:
+                for live in list(self._joining):
+                    if live.request is request:
+                        self._joining.remove(live)
+                        self._free(live)
+                        self._open.discard(live)
+                        self._launch_ready()
+                        break
+        self._give_back()
+
+    def _slots_freed(self) -> None:
+        """Slots of the pool were freed (by any user of it): waiting sequences may start."""
+        with self._lock:
+            if not self._waiting:
+                return
+            self._admit()
+            self._launch_ready()
+        self._give_back()
+
+    def _give_back(self) -> None:
+        """Return the slots freed under the lock to the pool (outside it: the pool tells
+        every runner, which each take their own lock)."""
+        while True:
+            with self._lock:
+                if not self._freed:
+                    return
+                slots, self._freed = self._freed, []
+            for s in slots:
+                self.pool.release(s)
+
+    def abort(self, error: BaseException) -> None:
+        """End every sequence not yet ended (after the engine stopped)."""
+        with self._lock:
+            lives = list(self._open)
+            self._open.clear()
+            self._waiting.clear()
+            self._joining.clear()
+            for live in lives:
+                self._free(live)
+        for live in lives:
+            live.request.try_transition(RequestState.CANCELLED, error=error)
+        self._give_back()
+
+    # -- under _lock ----------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        """Waiting sequences that get slots join the next cohort."""
+        while self._waiting:
+            live = self._waiting[0]
+            if live.request.done():
+                self._waiting.popleft()
+                self._open.discard(live)
+                continue
+            try:
+                slots = self.pool.try_acquire(self.stepper.initial(live.state), self.rows)
+            except Exception as e:  # a wrong initial state: that sequence fails alone
+                self._waiting.popleft()
+                self._open.discard(live)
+                live.request.try_transition(RequestState.ERROR, error=e)
+                continue
+            if slots is None:
+                return
+            self._waiting.popleft()
+            live.slots = slots
+            self._live += 1
+            live.request.try_transition(RequestState.READY)
+            self._joining.append(live)
+
+    def _cohort_cap(self) -> int:
+        """Sequences in one cohort at most."""
+        per_batch = max(1, self.batch_rows // self.rows)
+        return max(1, min(per_batch, -(-self._live // self.cohorts)))
+
+    def _launch_ready(self) -> None:
+        """Send the joining sequences while fewer than `cohorts` batches are on their way."""
+        while self._joining and self._in_flight < self.cohorts:
+            cap = self._cohort_cap()
+            cohort, self._joining = self._joining[:cap], self._joining[cap:]
+            self._launch(cohort)
+
+    def _launch(self, cohort: list[_Live]) -> None:
+        states = [live.state for live in cohort]
+        try:
+            fed = self.stepper.feed(states)
+            work = self._work(cohort, fed)
+        except Exception as e:
+            self._end(cohort, None, e)
+            return
+        try:
+            self._submit(work)
+        except Exception as e:  # e.g. Closed: the engine is stopping
+            self._end(cohort, None, e)
+            return
+        self._in_flight += 1
+        if self._record is not None:
+            self._record(self._live * self.rows)
+
+    def _work(self, cohort: list[_Live], fed: Mapping[str, np.ndarray]) -> Work:
+        spec, pool = self.spec, self.pool
+        n = len(cohort) * self.rows
+        missing = [name for name in self._fed if name not in fed]
+        if missing or len(fed) != len(self._fed):
+            raise InvalidInput(
+                f"model {pool.model!r}: the stepper's feed() gave {sorted(fed)}; the model's "
+                f"inputs not carried are {self._fed}"
+            )
+        slots = np.concatenate([live.slots for live in cohort if live.slots is not None])
+        inputs = []
+        for i, name in enumerate(spec.names):
+            if name in fed and i in spec.shared:  # its one value, seen in every row
+                value = spec.check(i, fed[name])
+                inputs.append(np.broadcast_to(value, (n, *value.shape)))
+            elif name in fed:
+                block = spec.block(i, np.asarray(fed[name]))
+                if len(block) != n:
+                    raise InvalidInput(
+                        f"model {pool.model!r} input {name!r}: the stepper's feed() gave "
+                        f"{len(block)} rows for {len(cohort)} sequences of {self.rows} rows"
+                    )
+                inputs.append(block)
+            else:
+                inputs.append(pool.arrays[i][slots])
+        exact = tuple(a.shape[1:] for a in inputs)
+        shape_key = self.shapes.key_of(exact)
+        joins = self.shapes.group_of(shape_key)
+        shared = spec.shared
+        work = Work(
+            self._take_id(),
+            pool.model,
+            tuple(inputs),
+            shape_key=shape_key,
+            batch_key=batch_key(joins, tuple(inputs), shared) if shared else joins,
+            exact=exact,
+            names=self.names,
+            submitted=time.perf_counter(),
+            listener=lambda w: self._landed(cohort, w),
+        )
+        work.slots = slots
+        work.formed = True
+        return work
+
+    def _landed(self, cohort: list[_Live], work: Work) -> None:
+        """A cohort's step batch has settled (the engine's thread)."""
+        with self._lock:
+            self._in_flight -= 1
+            outputs, error = _outputs_of(work)
+            if error is not None:
+                self._end(cohort, None, error)
+            else:
+                self._take(cohort, outputs)
+            self._admit()
+            self._launch_ready()
+        self._give_back()
+
+    def _take(self, cohort: list[_Live], outputs: dict[str, np.ndarray]) -> None:
+        going = [live for live in cohort if not live.request.done()]  # cancelled meanwhile
+        for live in cohort:
+            if live.request.done():
+                self._free(live)
+                self._open.discard(live)
+        if not going:
+            return
+        if len(going) < len(cohort):
+            keep = np.concatenate(
+                [np.arange(j * self.rows, (j + 1) * self.rows) for j, live in enumerate(cohort)
+                 if not live.request.done()]
+            )  # fmt: skip
+            outputs = {k: v[keep] for k, v in outputs.items()}
+        try:
+            taken = self.stepper.take([live.state for live in going], outputs)
+            ended, reorder = taken if isinstance(taken, tuple) else (taken, None)
+            ended = np.asarray(ended, dtype=bool).reshape(-1)
+            if len(ended) != len(going):
+                raise InvalidInput(
+                    f"model {self.pool.model!r}: the stepper's take() gave {len(ended)} "
+                    f"flags for {len(going)} sequences"
+                )
+            if reorder is not None:
+                order = np.asarray(reorder).reshape(len(going), self.rows)
+                slots = np.stack([live.slots for live in going if live.slots is not None])
+                rows = np.arange(len(going))[:, None]
+                self.pool.move(slots.reshape(-1), slots[rows, order].reshape(-1))
+        except Exception as e:
+            self._end(going, None, e)
+            return
+        done = [live for live, e in zip(going, ended.tolist(), strict=True) if e]
+        self._end(done, True, None)
+        self._joining = [live for live, e in zip(going, ended.tolist(), strict=True) if not e] + (
+            self._joining
+        )
+
+    def _end(self, lives: list[_Live], ok: bool | None, error: BaseException | None) -> None:
+        """End these sequences: with their results (ok) or `error`; free their slots."""
+        for live in lives:
+            request = live.request
+            if ok:
+                try:
+                    value = self.stepper.result(live.state)
+                except Exception as e:
+                    request.try_transition(RequestState.RUNNING)
+                    request.try_transition(RequestState.ERROR, error=e)
+                else:
+                    request.try_transition(RequestState.RUNNING)
+                    request.try_transition(RequestState.DONE, outputs=value)  # the result
+            else:
+                request.try_transition(RequestState.RUNNING)
+                request.try_transition(RequestState.ERROR, error=error)
+            self._free(live)
+            self._open.discard(live)
+
+    def _free(self, live: _Live) -> None:
+        if live.slots is not None:
+            self._freed.append(live.slots)
+            live.slots = None
+            self._live -= 1
+
+
+def _outputs_of(work: Work) -> tuple[dict[str, np.ndarray], BaseException | None]:
+    """A settled bulk Work's outputs by name (its rows in order), or its first error."""
+    for _, _, value in work.pieces:
+        if isinstance(value, BaseException):
+            return {}, value
+    parts = [value for _, _, value in work.pieces]
+    if not parts:
+        return {}, RequestError(f"work {work.id} ({work.model}) ended without outputs")
+    if len(parts) == 1:
+        arrays = parts[0]
+    else:
+        arrays = tuple(np.concatenate(column) for column in zip(*parts, strict=True))
+    assert not isinstance(arrays, BaseException)
+    return dict(zip(work.names, arrays, strict=True)), None
