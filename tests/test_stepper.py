@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import recipe
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import inferchain as ic
 from inferchain import RequestState as S
@@ -193,3 +195,35 @@ def test_close_ends_every_sequence(acc_path: Path) -> None:
     reqs = [oi.run_sequence("acc", stepper, np.ones((50, 1, W), np.float32)) for _ in range(3)]
     oi.close(drain_timeout=0)
     assert all(r.done() for r in reqs)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=14),
+    rows=st.sampled_from([1, 2]),
+    cancel=st.sets(st.integers(0, 13), max_size=4),
+    slots=st.integers(2, 6),
+)
+def test_every_sequence_ends_once_with_its_own_sums(
+    acc_path: Path, lengths: list[int], rows: int, cancel: set[int], slots: int
+) -> None:
+    """Any mix of lengths, rows and cancels: each request ends exactly once; the ones not
+    cancelled hold their own running sums (no state of another sequence leaks in)."""
+    rng = np.random.default_rng(len(lengths))
+    xs = [rng.standard_normal((n, rows, W)).astype(np.float32) for n in lengths]
+    ends: dict[int, int] = {}
+    with ic.OfflineInference(acc_recipe(acc_path, max_sequences=max(slots, rows))) as oi:
+        stepper = SumSteps(rows=rows)
+        reqs = [oi.run_sequence("acc", stepper, x) for x in xs]
+        for r in reqs:
+            r.add_done_listener(lambda r: ends.__setitem__(r.id, ends.get(r.id, 0) + 1))
+        cancelled = {i for i in cancel if i < len(reqs) and reqs[i].cancel()}
+        assert oi.wait_all(timeout=20)
+        for r in reqs:
+            r.wait(10)
+    assert all(ends[r.id] == 1 for r in reqs)
+    for i, (r, x) in enumerate(zip(reqs, xs, strict=True)):
+        if i in cancelled:
+            assert r.state is S.CANCELLED
+        else:
+            np.testing.assert_allclose(r.result(timeout=0), np.cumsum(x, axis=0), rtol=1e-5)
