@@ -100,7 +100,10 @@ class StatePool:
         with self._cond:
             if len(self._free) < rows:
                 return None
-        return self.acquire(initial or {}, 0, rows)
+        try:
+            return self.acquire(initial or {}, 0, rows)
+        except QueueFull:  # taken by another thread meanwhile
+            return None
 
     def move(self, to: np.ndarray, source: np.ndarray) -> None:
         """Slots `to` take the carried state slots `source` hold (one gather per carried
@@ -125,9 +128,17 @@ class StatePool:
         """Store the carried outputs of the batch's sequence rows into their slots (worker
         thread, after the run): one fancy-index assignment per carried input. Rows of
         works that are not steps are left alone."""
+        slices = batch.slices
+        first = slices[0].work.slots if len(slices) == 1 else None
+        if first is not None:  # one work: its rows in order, a slice of the outputs
+            s = slices[0]
+            to = first[s.start : s.stop]
+            for out, i, _ in self.carried:
+                self.arrays[i][to] = outputs[out][s.offset : s.offset + s.rows]
+            return
         rows: list[np.ndarray] = []  # positions in the batch
         slots: list[np.ndarray] = []  # their slots
-        for s in batch.slices:
+        for s in slices:
             work_slots = s.work.slots
             if work_slots is not None:
                 rows.append(np.arange(s.offset, s.offset + s.rows))
