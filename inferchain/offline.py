@@ -289,17 +289,7 @@ class OfflineInference:
             return [r for w in works for r in w.requests or ()]
         first = self._take_ids(len(items))
         callback = options.get("callback")
-        requests = [
-            Request(
-                first + j,
-                model,
-                item,
-                callback=callback,
-                on_cancel=steps.cancelled,
-                lock=steps.lock,
-            )
-            for j, item in enumerate(items)
-        ]
+        requests = [steps.request(first + j, item, callback) for j, item in enumerate(items)]
         steps.add(requests, slots.tolist(), items, keys)
         return requests
 

@@ -95,6 +95,16 @@ class Pipeline:
         """Write extra artefacts for one result (e.g. an annotated image); default none."""
 
 
+class PipelineWrapper(Pipeline):
+    """A pipeline around another one (`inner`), e.g. to read its files or time its steps:
+    it runs in the inner's OfflineInference and keeps the inner's `max_in_flight`."""
+
+    def __init__(self, inner: Pipeline) -> None:
+        super().__init__(inner.oi)
+        self.inner = inner
+        self.max_in_flight = inner.max_in_flight
+
+
 class ImagePipeline(Pipeline):
     """A pipeline whose items are BGR uint8 images (H, W, 3), read with OpenCV."""
 

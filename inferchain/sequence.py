@@ -120,7 +120,8 @@ class LiveSequence:
                     f"[0, {k}), got {order!r}"
                 )
         pool, slots = self._pool, self.slots
-        before = None if reorder is None else lambda: pool.reorder(slots, order)
+        # row j goes on from the state of its row order[j]: a gather within its own slots
+        before = None if reorder is None else lambda: pool.move(slots, slots[order])
         requests = self._submit(inputs, slots, options, True, before)  # reorders once checked
         self._last = requests
         self.steps += 1

@@ -56,16 +56,11 @@ def smallest_fit(shapes: ShapeKey, buckets: Sequence[ShapeKey]) -> ShapeKey | No
     return best
 
 
-def _envelope(keys: Sequence[ShapeKey]) -> ShapeKey:
+def envelope(keys: Sequence[ShapeKey]) -> ShapeKey:
     """The smallest key that holds every key given (element-wise max)."""
     return tuple(
         tuple(max(dims) for dims in zip(*shapes, strict=True)) for shapes in zip(*keys, strict=True)
     )
-
-
-def envelope(keys: Sequence[ShapeKey]) -> ShapeKey:
-    """The smallest key that holds every key given (element-wise max)."""
-    return _envelope(keys)
 
 
 def derive_buckets(sample: Sequence[ShapeKey], num_buckets: int) -> list[ShapeKey]:
@@ -83,7 +78,7 @@ def derive_buckets(sample: Sequence[ShapeKey], num_buckets: int) -> list[ShapeKe
     k_max = min(num_buckets, n)
 
     def waste(i: int, j: int) -> int:  # padding when distinct[i:j] share one bucket
-        env = size(_envelope(distinct[i:j]))
+        env = size(envelope(distinct[i:j]))
         return sum(counts[k] * (env - size(k)) for k in distinct[i:j])
 
     inf = float("inf")
@@ -100,7 +95,7 @@ def derive_buckets(sample: Sequence[ShapeKey], num_buckets: int) -> list[ShapeKe
     buckets, j = [], n
     while b:
         i = cut[b][j]
-        buckets.append(_envelope(distinct[i:j]))
+        buckets.append(envelope(distinct[i:j]))
         j, b = i, b - 1
     return sorted(buckets, key=size)
 
@@ -230,7 +225,7 @@ class ShapePolicy:
                 buckets=[list(map(list, b)) for b in buckets],
                 sample=len(self._sample),
                 padding_waste=round(padding_waste(self._sample, buckets), 4),
-                one_bucket_waste=round(padding_waste(self._sample, [_envelope(self._sample)]), 4),
+                one_bucket_waste=round(padding_waste(self._sample, [envelope(self._sample)]), 4),
             )
             self.buckets = buckets
 

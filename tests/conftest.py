@@ -15,7 +15,7 @@ import structlog
 from hypothesis import HealthCheck, settings
 
 from inferchain.config import Recipe
-from inferchain.testing.onnx_models import write_mlp, write_mlp64
+from inferchain.testing.onnx_models import write_accumulator, write_mlp, write_mlp64
 
 # The application configures logging, not the library: tests log warnings and up to stderr.
 structlog.configure(
@@ -53,6 +53,30 @@ def recipe(*models: dict[str, Any], **top: Any) -> Recipe:
     }
     data.update(top)
     return Recipe.from_dict(data)
+
+
+ACC_WIDTH = 4  # the accumulator's: total = x + state, carried as stateN -> state
+
+
+@pytest.fixture(scope="session")
+def acc_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stateful accumulator model of the sequence tests."""
+    return write_accumulator(tmp_path_factory.mktemp("acc") / "acc.onnx", width=ACC_WIDTH)
+
+
+def acc_recipe(path: Path, **model: Any) -> Recipe:
+    """A recipe of the accumulator as a stateful model (`model` overrides its keys)."""
+    return recipe(
+        {
+            "name": "acc",
+            "path": str(path),
+            "max_batch_size": 8,
+            "state": {"stateN": "state"},
+            "max_sequences": 4,
+            "warmup": False,
+            **model,
+        }
+    )
 
 
 @pytest.fixture

@@ -269,24 +269,14 @@ def test_timed_pipeline_passes_errors_through_and_times_every_item(tiny: Path) -
     assert stats.stages["pre"].count == stats.stages["post"].count == 30
 
 
-def test_a_stateful_model_is_benched_in_sequences_with_step_figures(tmp_path: Path) -> None:
-    from conftest import recipe
+def test_a_stateful_model_is_benched_in_sequences_with_step_figures(acc_path: Path) -> None:
+    from conftest import acc_recipe
 
-    from inferchain.testing.onnx_models import write_accumulator
     from inferchain.tools.bench import STEPS_PER_SEQUENCE
     from inferchain.tools.bench_report import format_report
     from inferchain.tools.trace import chrome_trace
 
-    path = write_accumulator(tmp_path / "acc.onnx", width=4)
-    r = recipe(
-        {
-            "name": "acc",
-            "path": str(path),
-            "max_batch_size": 8,
-            "state": {"stateN": "state"},
-            "max_sequences": 32,
-        }
-    )
+    r = acc_recipe(acc_path, max_sequences=32, warmup=True)
     steps = 3 * STEPS_PER_SEQUENCE + 5  # four sequences, the last one short
     report = run_bench(r, requests=steps)
     q = report.stats.models["acc"].sequences

@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import conftest
 import numpy as np
 import pytest
-from conftest import recipe
+from conftest import ACC_WIDTH, recipe
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -16,29 +17,12 @@ import inferchain as ic
 from inferchain import RequestState as S
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.testing.faults import FaultyBackend
-from inferchain.testing.onnx_models import write_accumulator
 
-W = 4  # the accumulator's width
-
-
-@pytest.fixture(scope="module")
-def acc_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_accumulator(tmp_path_factory.mktemp("acc") / "acc.onnx", width=W)
+W = ACC_WIDTH
 
 
 def acc_recipe(path: Path, **model: object) -> ic.Recipe:
-    return recipe(
-        {
-            "name": "acc",
-            "path": str(path),
-            "max_batch_size": 8,
-            "max_queue_delay_ms": 2,
-            "state": {"stateN": "state"},
-            "max_sequences": 4,
-            "warmup": False,
-            **model,
-        }
-    )
+    return conftest.acc_recipe(path, **{"max_queue_delay_ms": 2, **model})
 
 
 def test_a_sequence_carries_its_state_from_step_to_step(acc_path: Path) -> None:

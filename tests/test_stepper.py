@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import conftest
 import numpy as np
 import pytest
-from conftest import recipe
+from conftest import ACC_WIDTH
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,28 +19,12 @@ from inferchain import RequestState as S
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.pipeline import Pipeline, Process
 from inferchain.testing.faults import FaultyBackend
-from inferchain.testing.onnx_models import write_accumulator
 
-W = 4  # the accumulator's width: total = x + state, carried as stateN -> state
-
-
-@pytest.fixture(scope="module")
-def acc_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_accumulator(tmp_path_factory.mktemp("acc") / "acc.onnx", width=W)
+W = ACC_WIDTH  # total = x + state, carried as stateN -> state
 
 
 def acc_recipe(path: Path, **model: object) -> ic.Recipe:
-    return recipe(
-        {
-            "name": "acc",
-            "path": str(path),
-            "max_batch_size": 8,
-            "state": {"stateN": "state"},
-            "max_sequences": 6,
-            "warmup": False,
-            **model,
-        }
-    )
+    return conftest.acc_recipe(path, **{"max_sequences": 6, **model})
 
 
 class Sums:

@@ -20,7 +20,7 @@ from inferchain.cli.options import add_command, positive_int
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
-from inferchain.pipeline import Pipeline, PipelineDriver, Process
+from inferchain.pipeline import Pipeline, PipelineDriver, PipelineWrapper, Process
 from inferchain.results import RESULTS, Mode, ResultsFile, input_key
 from inferchain.tools.progress import Progress
 
@@ -154,14 +154,12 @@ def input_files(sources: Sequence[Path], pipeline: Pipeline) -> list[Path]:
     return files
 
 
-class FileReader(Pipeline):
+class FileReader(PipelineWrapper):
     """The recipe's pipeline over `(index, path)` items: each file is loaded when its item
     starts, so one that cannot be read fails alone; loaded items are kept for `save`."""
 
     def __init__(self, inner: Pipeline) -> None:
-        super().__init__(inner.oi)
-        self.inner = inner
-        self.max_in_flight = inner.max_in_flight
+        super().__init__(inner)
         self.loaded: dict[int, Any] = {}  # index -> the loaded item, until its result is saved
 
     def process(self, item: tuple[int, Item]) -> Process:

@@ -221,11 +221,7 @@ class ExecutionEngine:
     def submit_steps(self, work: Work) -> None:
         """Queue a formed batch of sequence steps (`PendingSteps`; any thread). Never blocks:
         steps are bounded by the model's `max_sequences`, one each at most."""
-        with self._space:
-            if self._stopping:
-                raise Closed("the engine is stopped")
-            self._queued += work.rows
-        self._register(work)
+        self._take_in(work, refuse=True)
         self._submitted.append(work)
         self.wake()
 
@@ -365,12 +361,6 @@ class ExecutionEngine:
             return self._drained.wait_for(
                 lambda: self._outstanding == 0 and self._recovering <= 0, timeout
             )
-
-    def num_in_flight(self, model: str) -> int:
-        """Rows of `model` waiting or ready (approximate, any thread)."""
-        m = self._models[model]
-        assert self._scheduler is not None
-        return m.batcher.num_ready + self._scheduler.num_waiting_of(model)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -690,11 +680,18 @@ class ExecutionEngine:
     def _accept(self, work: Work) -> None:
         """`submit` from the loop itself (never blocks: the rows count against the queue
         like any others)."""
-        with self._space:
-            self._queued += work.rows
-        self._register(work)
+        self._take_in(work, refuse=False)
         assert self._scheduler is not None
         self._scheduler.add(work)
+
+    def _take_in(self, work: Work, *, refuse: bool) -> None:
+        """Count the rows of `work` against the queue, with no bound, and register it;
+        `refuse`: raise `Closed` once the engine is stopping."""
+        with self._space:
+            if refuse and self._stopping:
+                raise Closed("the engine is stopped")
+            self._queued += work.rows
+        self._register(work)
 
     def _unqueue(self, rows: int) -> None:
         with self._space:

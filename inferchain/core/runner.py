@@ -127,10 +127,6 @@ class SequenceRunner:
         carried = {i for _, i, _ in pool.carried}
         self._fed = [n for i, n in enumerate(spec.names) if i not in carried]
 
-    @property
-    def num_live(self) -> int:
-        return self._live
-
     def submit(self, request: Request, item: Any) -> None:
         """A new sequence for `item` (the caller's thread); `request` ends with its result."""
         state = self.stepper.start(item)
@@ -369,15 +365,13 @@ class SequenceRunner:
 
 def _outputs_of(work: Work) -> tuple[dict[str, np.ndarray], BaseException | None]:
     """A settled bulk Work's outputs by name (its rows in order), or its first error."""
-    for _, _, value in work.pieces:
+    parts = work.arrays()
+    for _, _, value in parts:
         if isinstance(value, BaseException):
             return {}, value
-    parts = [value for _, _, value in work.pieces]
     if not parts:
         return {}, RequestError(f"work {work.id} ({work.model}) ended without outputs")
-    if len(parts) == 1:
-        arrays = parts[0]
-    else:
-        arrays = tuple(np.concatenate(column) for column in zip(*parts, strict=True))
-    assert not isinstance(arrays, BaseException)
-    return dict(zip(work.names, arrays, strict=True)), None
+    arrays = [value for _, _, value in parts if not isinstance(value, BaseException)]
+    if len(arrays) == 1:
+        return dict(arrays[0]), None
+    return {name: np.concatenate([a[name] for a in arrays]) for name in work.names}, None

@@ -118,12 +118,6 @@ class StatePool:
         for listener in self.on_release:
             listener()
 
-    def reorder(self, slots: np.ndarray, order: np.ndarray) -> None:
-        """Row j of the sequence in `slots` goes on from the state of its row `order[j]`
-        (a beam search's survivors): one gather per carried input, within those slots."""
-        for array in self.arrays.values():
-            array[slots] = array[slots[order]]
-
     def write_back(self, batch: Batch, outputs: Sequence[np.ndarray]) -> None:
         """Store the carried outputs of the batch's sequence rows into their slots (worker
         thread, after the run): one fancy-index assignment per carried input. Rows of
@@ -226,11 +220,6 @@ class PendingSteps:
         """Steps queued here."""
         return self._pending
 
-    @property
-    def num_running(self) -> int:
-        """Steps sent in a Work that have not ended yet."""
-        return self._running
-
     def _all_in(self) -> bool:
         """Every live row has its next step queued or running: none can join (under `lock`)."""
         return self._pending + self._running >= self.pool.num_live
@@ -259,17 +248,22 @@ class PendingSteps:
         if len(item) != len(self._plan):
             item = list(self.item(inputs, slot)[0])  # the checks in full: raises, or is fine
         row = tuple(item)
-        key = self._key(row) if self.spec.shared or not self._fixed_shapes else None
-        request = Request(
+        request = self.request(request_id, row, callback)
+        self.add((request,), (slot,), (row,), (self._key(row),))
+        return request
+
+    def request(
+        self, request_id: int, item: tuple[np.ndarray, ...], callback: Any = None
+    ) -> Request:
+        """The WAITING Request of one step (its cancel comes here; it shares `lock`)."""
+        return Request(
             request_id,
             self.pool.model,
-            row,
+            item,
             callback=callback,
             on_cancel=self.cancelled,
             lock=self.lock,
         )
-        self.add((request,), (slot,), (row,), (key,))
-        return request
 
     def item(self, inputs: Mapping[str, Any], slot: int) -> tuple[tuple[np.ndarray, ...], Hashable]:
         """One step's arrays in the model's input order (the carried ones: views of the
@@ -297,9 +291,6 @@ class PendingSteps:
             tuple(arrays[i][slot] if c is None else c[j] for i, c in enumerate(columns))
             for j, slot in enumerate(slots.tolist())
         ]
-        if not spec.shared:
-            shapes = None if self._fixed_shapes else tuple(a.shape for a in items[0])
-            return items, [shapes] * k
         return items, [self._key(it) for it in items]
 
     def _key(self, item: tuple[np.ndarray, ...]) -> Hashable:

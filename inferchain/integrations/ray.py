@@ -34,7 +34,7 @@ from inferchain.config import Recipe, load_recipe
 from inferchain.errors import Closed, ConfigError, InvalidInput, MissingDependency
 from inferchain.logs import configure_output, get_logger
 from inferchain.offline import OfflineInference
-from inferchain.pipeline import Pipeline, PipelineDriver, Process
+from inferchain.pipeline import Pipeline, PipelineDriver, PipelineWrapper, Process
 from inferchain.results import ResultsFile, input_key
 
 log = get_logger(__name__)
@@ -156,21 +156,19 @@ class RecipePredictor(Closing):
             self.close()
 
 
-class _FilePipeline(Pipeline):
+class _FilePipeline(PipelineWrapper):
     """Items are file paths: each is read with the recipe pipeline's `load`, then processed.
 
     Reading inside `process` makes an unreadable file fail only its own item.
     """
 
     def __init__(self, inner: Pipeline) -> None:
-        super().__init__(inner.oi)
+        super().__init__(inner)
         if inner.item_per_line:
             raise ConfigError(
                 f"{inner.recipe.source}: its pipeline reads one item per line of a file, and "
                 "on Ray Data an item is a file; run it without --ray"
             )
-        self.inner = inner
-        self.max_in_flight = inner.max_in_flight
 
     def process(self, item: Any) -> Process:
         work = self.inner.process(self.inner.load(Path(item)))

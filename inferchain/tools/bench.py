@@ -28,7 +28,7 @@ from inferchain.errors import ConfigError
 from inferchain.layout import Axis, Layout, item_shape
 from inferchain.metrics import Percentiles
 from inferchain.offline import OfflineInference
-from inferchain.pipeline import Pipeline, PipelineDriver, Process, Step
+from inferchain.pipeline import Pipeline, PipelineDriver, PipelineWrapper, Process, Step
 from inferchain.tensors import ModelInfo, TensorDesc
 from inferchain.tools.bench_report import BenchReport, Inputs, ItemStats, Source
 from inferchain.tools.feeds import DYNAMIC_DIM, random_array
@@ -109,14 +109,13 @@ def drive(
             on_done(1)
 
 
-class TimedPipeline(Pipeline):
+class TimedPipeline(PipelineWrapper):
     """Wraps a pipeline's `process` (the one method the driver calls) to time each item's
     steps: `pre` (item -> first request) and `post` (outputs received -> next request or
     result), recorded in `oi.metrics` for every item that finished or failed."""
 
     def __init__(self, inner: Pipeline) -> None:
-        super().__init__(inner.oi)
-        self.inner = inner
+        super().__init__(inner)
         self.latencies_s: list[float] = []  # per finished item: first step to result
         self.errors = 0  # items that failed
 
