@@ -40,6 +40,16 @@ class LoadedModel:
     def output_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.info.outputs)
 
+    @property
+    def step_names(self) -> tuple[str, ...]:
+        """The outputs a sequence step gives: all but the carried ones where the state
+        stays in device slots."""
+        pool = self.pool
+        if pool is None or not pool.on_device:
+            return self.output_names
+        carried = {out for out, _, _ in pool.carried}
+        return tuple(n for i, n in enumerate(self.output_names) if i not in carried)
+
 
 def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, LoadedModel]:
     """Start every worker (all models load at once; each posts its results to `outbox`),
@@ -58,8 +68,15 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
             for w in model.workers:
                 w.pool = model.pool
         for model in models.values():  # warm-up runs on every worker thread at once
+            # the state may live in a session's device slots where one session runs every
+            # step (with several, a sequence would have to stay on one)
+            device_state = model.pool is not None and len(model.workers) == 1
             for w in model.workers:
-                w.prepare(model.shapes, warm=model.config.warmup)
+                w.prepare(model.shapes, warm=model.config.warmup, device_state=device_state)
+            pool = model.pool
+            if pool is not None and all(w.state_on_device for w in model.workers):
+                pool.on_device = True
+                pool.max_rows = min(pool.size, model.config.batch_rows)
     except ConfigError as e:  # checked against a loaded model: name the recipe file too
         stop_workers(all_workers(workers.values()))
         source = str(recipe.source)
@@ -150,7 +167,7 @@ def pending_steps(
     return PendingSteps(
         model.pool,
         model.spec,
-        names=model.output_names,
+        names=model.step_names,
         shapes=model.shapes,
         batch_rows=config.batch_rows,
         delay_s=config.max_queue_delay_ms / 1000.0,

@@ -281,10 +281,15 @@ class OfflineInference:
             before()
         if options.keys() - {"callback"}:
             works = self._works(model, items, per_item=True, **options)
+            pool = steps.pool
             start = 0
             for work in works:  # runs of equal shapes: all of them, for a sequence
                 work.slots = slots[start : start + work.rows]
                 start += work.rows
+                if pool.on_device:  # batches only with other steps: outputs not carried
+                    work.state_rows = pool.state_rows(work.slots)
+                    work.names = self._model(model).step_names
+                    work.batch_key = ("steps", work.batch_key)
                 self._running_engine().submit(work)
             return [r for w in works for r in w.requests or ()]
         first = self._take_ids(len(items))
@@ -315,7 +320,7 @@ class OfflineInference:
                     loaded.pool,
                     loaded.spec,
                     stepper,
-                    names=loaded.output_names,
+                    names=loaded.step_names,
                     shapes=loaded.shapes,
                     batch_rows=loaded.config.batch_rows,
                     submit=engine.submit_steps,

@@ -31,7 +31,8 @@ from inferchain.backends.acl_api import (
     null_error,
 )
 from inferchain.backends.acl_buffers import BufferSet, Launched, Slot, make_sets, set_bytes
-from inferchain.backends.base import Backend, Session
+from inferchain.backends.acl_state import Carried, DeviceState, plan
+from inferchain.backends.base import Backend, Session, StateRows
 from inferchain.config import ModelConfig, Recipe
 from inferchain.errors import BackendError, LoadError
 from inferchain.logs import get_logger
@@ -139,6 +140,7 @@ class AclSession(Session):
         self._out_slots: list[Slot] = []
         self._sets: list[BufferSet] = []
         self._last_executed: BufferSet | None = None  # where the model last executed
+        self._state: DeviceState | None = None  # sequence state slots (open_state)
         # what launch() needs
         self._data_index: list[int] = []  # input positions without ascend_mbatch_shape_data
         self._mbatch_index: int | None = None
@@ -279,12 +281,51 @@ class AclSession(Session):
         self.launch(inputs, batch_size, 0)
         return self.collect(0)
 
-    def launch(self, inputs: Sequence[np.ndarray], batch_size: int, stream: int) -> None:
+    def open_state(self, carried: Sequence[tuple[int, int]], slots: int) -> bool:
+        """Keep `slots` rows of each carried input in device memory (see `acl_state`);
+        False, logged, where the model's rows do not allow it."""
+        with self._lock:
+            self._usable_set(0, "open_state")
+            if self._state is not None:
+                raise BackendError(f"{self._model.name}: the sequence state is already open")
+            data = [self._in_slots[i] for i in self._data_index]
+            pairs = [(i, o) for o, i in carried]
+            found: list[Carried] = []
+            why = "the model does not batch"
+            if self._batching:
+                found, why = plan(data, self._out_slots, pairs, self._batch)
+            if not found:
+                log.info("acl_state_on_host", model=self._model.name, reason=why)
+                return False
+            self._call(self._make_current(), "rt.set_context")
+            state = DeviceState(found, slots)
+            try:
+                state.allocate(self._acl, self._model.name)
+            except BaseException:
+                state.release(self._acl, lambda ret, what: None)
+                raise
+            self._state = state
+            return True
+
+    def launch(
+        self,
+        inputs: Sequence[np.ndarray],
+        batch_size: int,
+        stream: int,
+        state: StateRows | None = None,
+    ) -> None:
         """Stage `batch_size` rows into set `stream`'s host buffers and enqueue, on its
         stream: H2D copies, a wait for the model's previous execution (on another set),
-        execute, D2H copies. Returns at once; `collect(stream)` waits."""
+        execute, D2H copies. Returns at once; `collect(stream)` waits.
+
+        With `state`, the carried inputs are gathered from the device slots (a first
+        step's from its host row) after that wait, the carried outputs are scattered
+        back to the slots before the next execution may start, and they are not copied
+        to the host."""
         with self._lock:
             buffer_set = self._usable_set(stream, "launch")
+            if state is not None:
+                self._check_state(state, batch_size)
             if buffer_set.launched is not None:
                 raise BackendError(
                     f"{self._model.name}: stream {stream} already has a batch in flight "
@@ -309,7 +350,7 @@ class AclSession(Session):
             shapes = self._output_shapes(rows)
             self.last_stages = None
             try:
-                self._enqueue(buffer_set, arrays, rows, shapes)
+                self._enqueue(buffer_set, arrays, rows, shapes, state)
             except BaseException:
                 self._drain(buffer_set)
                 raise
@@ -328,12 +369,33 @@ class AclSession(Session):
             self._call(ret, f"rt.synchronize_stream (stream {stream})")
             self.last_stages = self._stages(buffer_set)
             results = []
-            for slot, shape, count in zip(
-                buffer_set.out_slots, launched.shapes, launched.counts, strict=True
+            for i, (slot, shape, count) in enumerate(
+                zip(buffer_set.out_slots, launched.shapes, launched.counts, strict=True)
             ):
+                if i in launched.on_device:
+                    continue
                 assert slot.host is not None  # made at load
                 results.append(slot.host[:count].view(slot.dtype).reshape(shape))
             return results
+
+    def _check_state(self, state: StateRows, rows: int) -> None:
+        name = self._model.name
+        if self._state is None:
+            raise BackendError(f"{name}: launch() got sequence state, but none is open")
+        if state.lost:
+            raise BackendError(
+                f"{name}: the carried state of a sequence in this batch was lost when the "
+                "model was re-loaded on the device; those sequences cannot go on",
+                name="ACL_STATE_LOST",
+            )
+        if len(state.read) != rows:
+            raise BackendError(
+                f"{name}: sequence state for {len(state.read)} rows in a batch of {rows}"
+            )
+        slots = self._state.slots
+        for what in (state.read, state.write):
+            if len(what) and not (int(what.min()) >= 0 and int(what.max()) < slots):
+                raise BackendError(f"{name}: a sequence slot outside 0..{slots - 1}")
 
     def _usable_set(self, stream: int, what: str) -> BufferSet:
         if threading.get_ident() != self._owner:
@@ -357,13 +419,23 @@ class AclSession(Session):
         arrays: Sequence[np.ndarray],
         rows: int,
         shapes: list[tuple[int, ...]],
+        state: StateRows | None = None,
     ) -> None:
-        """The order of the official samples, on the set's own stream, nothing allocated."""
+        """The order of the official samples, on the set's own stream, nothing allocated.
+        With `state`, the device slots are read and written only between the wait for the
+        previous execution and this one's "computed" event, which the next one waits for,
+        so executions (and their state copies) on the model's sets never overlap."""
         rt, mdl, stream = self._acl.rt, self._acl.mdl, buffer_set.stream
         events = buffer_set.events
+        carried = self._state.inputs if state is not None and self._state is not None else {}
         self._call(rt.record_event(events["start"], stream), "rt.record_event")
         data = [buffer_set.in_slots[i] for i in self._data_index]
-        for array, slot in zip(arrays, data, strict=True):
+        for k, (array, slot) in enumerate(zip(arrays, data, strict=True)):
+            if k in carried:  # gathered below; the host rows count only for a first step
+                assert state is not None
+                if state.fresh.any():
+                    self._stage(array, slot, rows)
+                continue
             self._stage(array, slot, rows)
             ret = rt.memcpy_async(
                 slot.ptr, slot.size, slot.host_ptr, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, stream
@@ -373,25 +445,41 @@ class AclSession(Session):
         if previous is not None and previous is not buffer_set:  # one execution at a time
             ret = rt.stream_wait_event(stream, previous.events["computed"])
             self._call(ret, "rt.stream_wait_event")
+        device_state = self._state if carried else None
+        if device_state is not None:
+            assert state is not None
+            for k, c in carried.items():
+                device_state.gather(rt, self._call, c, data[k], state, stream)
         self._call(rt.record_event(events["copied"], stream), "rt.record_event")
         ret = mdl.execute_async(
             self._model_id, buffer_set.in_dataset, buffer_set.out_dataset, stream
         )
         self._call(ret, "mdl.execute_async")
         self._last_executed = buffer_set
+        on_device: frozenset[int] = frozenset()
+        if device_state is not None:
+            assert state is not None
+            for c in device_state.carried:
+                device_state.scatter(
+                    rt, self._call, c, buffer_set.out_slots[c.output], state, stream
+                )
+            on_device = device_state.outputs
         self._call(rt.record_event(events["computed"], stream), "rt.record_event")
         counts = []
-        for slot, shape in zip(buffer_set.out_slots, shapes, strict=True):
+        for i, (slot, shape) in enumerate(zip(buffer_set.out_slots, shapes, strict=True)):
             count = math.prod(shape) * slot.dtype.itemsize
             if count > slot.size:
                 raise BackendError(f"{self._model.name}: output {slot.name!r} {shape} overflows")
+            if i in on_device:  # stays in the device slots
+                counts.append(0)
+                continue
             ret = rt.memcpy_async(
                 slot.host_ptr, slot.size, slot.ptr, count, ACL_MEMCPY_DEVICE_TO_HOST, stream
             )
             self._call(ret, f"rt.memcpy_async (output {slot.name!r})")
             counts.append(count)
         self._call(rt.record_event(events["done"], stream), "rt.record_event")
-        buffer_set.launched = Launched(rows, shapes, counts)
+        buffer_set.launched = Launched(rows, shapes, counts, on_device)
 
     def _stage(self, array: np.ndarray, slot: Slot, rows: int) -> None:
         """Copy one input into the set's host staging (pinned, aligned for memcpy_async)."""
@@ -532,6 +620,9 @@ class AclSession(Session):
             self._desc = 0
         for buffer_set in self._sets:
             buffer_set.release(acl, attempt)
+        if self._state is not None:
+            self._state.release(acl, attempt)
+            self._state = None
         for buffer_set in self._sets:
             if buffer_set.stream:
                 attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")

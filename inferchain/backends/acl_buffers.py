@@ -46,6 +46,7 @@ class Launched:
     rows: int
     shapes: list[tuple[int, ...]]  # of each output, as collect returns it
     counts: list[int]  # bytes copied back per output
+    on_device: frozenset[int] = frozenset()  # outputs not copied back (sequence state)
 
 
 @attrs.define

@@ -8,11 +8,44 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 
+import attrs
 import numpy as np
 
 from inferchain.closing import Closing
 from inferchain.config import ModelConfig
 from inferchain.tensors import TensorDesc
+
+
+@attrs.frozen(eq=False)
+class StateRows:
+    """Where the carried state of a batch of sequence steps lives, for a session that keeps
+    it in device slots (`Session.open_state`): per batch row, the slot its state is read
+    from, the slot its carried outputs go to, and whether it is a sequence's first step
+    (its state is then the host input row: the initial value)."""
+
+    read: np.ndarray  # intp, one per row (a reorder reads another row's slot)
+    write: np.ndarray  # intp, one per row
+    fresh: np.ndarray  # bool, one per row
+    lost: bool = False  # a row's state was lost (the session was re-loaded): do not run
+
+    def part(self, start: int, stop: int) -> StateRows:
+        """The rows `start:stop` (a batch that holds part of a work)."""
+        if start == 0 and stop == len(self.read):
+            return self
+        cut = slice(start, stop)
+        return StateRows(self.read[cut], self.write[cut], self.fresh[cut], self.lost)
+
+    @staticmethod
+    def join(parts: Sequence[StateRows]) -> StateRows:
+        """One batch's rows from its works' parts, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        return StateRows(
+            np.concatenate([p.read for p in parts]),
+            np.concatenate([p.write for p in parts]),
+            np.concatenate([p.fresh for p in parts]),
+            any(p.lost for p in parts),
+        )
 
 
 class Session(Closing, abc.ABC):
@@ -57,14 +90,36 @@ class Session(Closing, abc.ABC):
     num_streams: int = 1  # batches this session can have in flight at once
     _launched: tuple[Sequence[np.ndarray], int]  # the default launch: run at collect()
 
-    def launch(self, inputs: Sequence[np.ndarray], batch_size: int, stream: int) -> None:
-        """Start one batch on `stream` (0 <= stream < num_streams) without waiting for it."""
+    def launch(
+        self,
+        inputs: Sequence[np.ndarray],
+        batch_size: int,
+        stream: int,
+        state: StateRows | None = None,
+    ) -> None:
+        """Start one batch on `stream` (0 <= stream < num_streams) without waiting for it.
+
+        `state` (only after `open_state` said yes): the batch is sequence steps whose
+        carried inputs come from the session's device slots (the host rows of those
+        inputs count only where `state.fresh`), and whose carried outputs go back there;
+        `collect` then returns only the outputs that are not carried."""
+        if state is not None:
+            raise TypeError(f"{type(self).__name__} keeps no sequence state")
         self._launched = (inputs, batch_size)
 
     def collect(self, stream: int) -> list[np.ndarray]:
         """Wait for the batch launched on `stream`; its outputs, as `run` returns them."""
         inputs, batch_size = self._launched
         return self.run(inputs, batch_size)
+
+    # -- sequence state kept on the device ------------------------------------------------
+
+    def open_state(self, carried: Sequence[tuple[int, int]], slots: int) -> bool:
+        """Keep the carried state of `slots` sequence slots in device memory: `carried`
+        is (output index, input index) per state pair. False (the default) where the
+        session cannot: the state then stays in host memory and goes in and out with
+        every step. Called on the session's thread, again after a re-load."""
+        return False
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -285,6 +285,8 @@ class SequenceRunner:
         )
         work.slots = slots
         work.formed = True
+        if pool.on_device:
+            work.state_rows = pool.state_rows(slots)
         return work
 
     def _landed(self, cohort: list[_Live], work: Work) -> None:

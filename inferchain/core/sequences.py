@@ -10,6 +10,11 @@ writes the carried outputs back into the slots of its rows the same way. Steps o
 sequence run one after the other (the next is submitted once the previous has
 ended), so a slot is never read and written at once, and a step never sees another
 sequence's state.
+
+Where the model's session keeps the state in device slots (`Session.open_state`: acl),
+`on_device` is set and the host arrays hold only the initial values: each step Work then
+carries `StateRows` (the slot each row reads, the slot it writes, whether it is a first
+step), the session gathers and scatters on the device, and nothing is written back here.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from inferchain.backends.base import StateRows
 from inferchain.core.records import Batch
 from inferchain.core.request import Request
 from inferchain.core.work import Work
@@ -56,6 +62,14 @@ class StatePool:
         self._free = list(range(size - 1, -1, -1))
         self._cond = threading.Condition()
         self.on_release: list[Callable[[], None]] = []  # told after slots are freed
+        # the state lives in the session's device slots (set once at load); then, per
+        # slot: still its initial value (here), the slot its next step reads (a reorder),
+        # lost with a re-loaded session
+        self.on_device = False
+        self.max_rows = size  # rows of one sequence (on the device: of one batch) at most
+        self._fresh = np.zeros(size, bool)
+        self._read = np.arange(size, dtype=np.intp)
+        self._lost = np.zeros(size, bool)
 
     @property
     def num_free(self) -> int:
@@ -77,6 +91,11 @@ class StatePool:
                 f"model {self.model!r}: a sequence of {rows} rows needs more slots than the "
                 f"{self.size} there are (max_sequences)"
             )
+        if rows > self.max_rows:  # its steps would be split over batches
+            raise InvalidInput(
+                f"model {self.model!r}: a sequence of {rows} rows does not fit one batch of "
+                f"{self.max_rows} (max_batch_size), as its state on the device needs"
+            )
         with self._cond:
             if not self._cond.wait_for(lambda: len(self._free) >= rows, timeout):
                 raise QueueFull(
@@ -91,6 +110,9 @@ class StatePool:
         except BaseException:
             self.release(slots)
             raise
+        self._fresh[slots] = True
+        self._read[slots] = slots
+        self._lost[slots] = False
         return slots
 
     def try_acquire(
@@ -107,9 +129,34 @@ class StatePool:
 
     def move(self, to: np.ndarray, source: np.ndarray) -> None:
         """Slots `to` take the carried state slots `source` hold (one gather per carried
-        input; `source` may repeat and overlap `to`)."""
+        input; `source` may repeat and overlap `to`). On the device, their next step reads
+        the slots `source` reads instead."""
         for array in self.arrays.values():
             array[to] = array[source]
+        if self.on_device:
+            self._fresh[to] = self._fresh[source]
+            self._read[to] = self._read[source]
+            self._lost[to] = self._lost[source]
+
+    def state_rows(self, slots: np.ndarray) -> StateRows:
+        """Where the next step of `slots` reads and writes its state on the device (a step
+        Work forms): after this, those slots are no longer first steps."""
+        rows = StateRows(self._read[slots], slots, self._fresh[slots])
+        self._fresh[slots] = False
+        self._read[slots] = slots
+        return rows
+
+    def lose(self) -> None:
+        """The device slots were made anew (a re-loaded session, on the worker's thread):
+        every slot past its first step has lost its state."""
+        self._lost |= ~self._fresh
+
+    def launching(self, rows: StateRows) -> StateRows:
+        """`rows` as the worker launches them (its thread, so after any `lose`): `lost`
+        where a row reads state the session never wrote; their slots are written now."""
+        lost = bool((self._lost[rows.read] & ~rows.fresh).any())
+        self._lost[rows.write] = False
+        return StateRows(rows.read, rows.write, rows.fresh, lost) if lost else rows
 
     def release(self, slots: np.ndarray) -> None:
         with self._cond:
@@ -304,12 +351,20 @@ class PendingSteps:
         items: Sequence[tuple[np.ndarray, ...]],
         keys: Sequence[Hashable],
     ) -> None:
-        """Queue steps; a group goes to the engine once it is a whole cohort, or when every
-        live row has stepped."""
+        """Queue the steps of one sequence's rows; a group goes to the engine once it is a
+        whole cohort, or when every live row has stepped. The rows of one sequence stay in
+        one batch (where they fit one): a reorder reads the state of its other rows, which
+        a batch before it must not have written yet."""
         new_group = False
+        n = len(requests)
         with self.lock:
-            for request, slot, item, key in zip(requests, slots, items, keys, strict=True):
+            for j, (request, slot, item, key) in enumerate(
+                zip(requests, slots, items, keys, strict=True)
+            ):
                 group = self._groups.get(key)
+                if j == 0 and group is not None and len(group.requests) + n > self.batch_rows:
+                    self._send(key)  # full without these rows
+                    group = None
                 if group is None:
                     group = self._groups[key] = _Group(time.perf_counter())
                     new_group = True
@@ -317,7 +372,9 @@ class PendingSteps:
                 group.slots.append(slot)
                 group.items.append(item)
                 self._pending += 1
-                if len(group.requests) >= self._cohort():
+            for key in set(keys):
+                group = self._groups.get(key)
+                if group is not None and len(group.requests) >= self._cohort():
                     self._send(key)
             if self._pending and self._all_in():
                 self.flush()
@@ -427,6 +484,8 @@ class PendingSteps:
         )
         work.slots = slots
         work.formed = True
+        if pool.on_device:
+            work.state_rows = pool.state_rows(slots)
         self._running += len(requests)
         if self._record is not None:
             self._record(pool.num_live)

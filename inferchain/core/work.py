@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
+from inferchain.backends.base import StateRows
 from inferchain.core.request import Outputs, Request, RequestState
 from inferchain.errors import RequestCancelled
 
@@ -53,6 +54,7 @@ class Work:
         "shape_key",
         "slots",
         "state",
+        "state_rows",
         "submitted",
         "taken",
     )
@@ -105,6 +107,7 @@ class Work:
         self.taken = 0  # rows handed to batches (or dropped), in row order
         self.held = False  # a ModelBatcher holds it (rows not yet taken into batches)
         self.slots: np.ndarray | None = None  # sequence steps: each row's StatePool slot
+        self.state_rows: StateRows | None = None  # ... and their device slots (acl)
         self.formed = False  # a batch already (sequence steps): the batcher sends it at once
         self.settled = 0  # rows that ended (outputs, error, cancelled, timed out)
         self.pieces: list[Piece] = []  # results by row range, for works without requests

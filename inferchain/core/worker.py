@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import numpy as np
 
-from inferchain.backends.base import Backend, Session
+from inferchain.backends.base import Backend, Session, StateRows
 from inferchain.config import ModelConfig
 from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
@@ -40,6 +40,7 @@ class _Prepare:
     policy: ShapePolicy
     warm: bool
     done: threading.Event
+    device_state: bool = False  # try to keep the pool's state in the session's device slots
 
 
 @attrs.define
@@ -71,6 +72,18 @@ def _on_axes(layout: Layout) -> str:
     return f" (its fixed batch dims, on the inputs' batch axes {axes})" if any(axes) else ""
 
 
+def _state_rows(batch: Batch) -> StateRows | None:
+    """Where the steps of `batch` keep their state on the device; None for a batch that
+    holds no steps (steps batch only with steps, so it is all or none)."""
+    parts = []
+    for s in batch.slices:
+        rows = s.work.state_rows
+        if rows is None:
+            return None
+        parts.append(rows.part(s.start, s.stop))
+    return StateRows.join(parts)
+
+
 class ModelWorker:
     """Owns one backend Session, its streams, its buffers and its thread.
 
@@ -92,6 +105,7 @@ class ModelWorker:
         self.session: Session | None = None
         self.shapes: ShapePolicy | None = None  # set by prepare(), before the first batch
         self.pool: StatePool | None = None  # a stateful model's slots: carried outputs go there
+        self.state_on_device = False  # ... or into the session's device slots (prepare())
         self._backend = backend
         self._device = device
         self._outbox = outbox
@@ -120,11 +134,13 @@ class ModelWorker:
         assert self.session is not None
         return self.session
 
-    def prepare(self, policy: ShapePolicy, warm: bool) -> None:
+    def prepare(self, policy: ShapePolicy, warm: bool, device_state: bool = False) -> None:
         """Adopt the model's shape policy; allocate (and, with `warm`, run once at the max
-        batch) the buffers of every shape known now. Blocks until the worker thread did it."""
+        batch) the buffers of every shape known now; with `device_state`, ask the session
+        to keep the pool's state in device slots (`state_on_device` says if it does).
+        Blocks until the worker thread did it."""
         done = threading.Event()
-        self._queue.put(_Prepare(policy, warm, done))
+        self._queue.put(_Prepare(policy, warm, done, device_state))
         done.wait()
         if self._init_error is not None:
             raise self._init_error
@@ -229,10 +245,17 @@ class ModelWorker:
                     feed = self._buffers.zeros(stream, key)
                     if warm:
                         self.session.run(feed, self.model.batch_rows)
+            if item.device_state and self.pool is not None and not self._moved_outputs:
+                self.state_on_device = self._open_state()
         except Exception as e:
             self._init_error = _startup_error(e)
         finally:
             item.done.set()
+
+    def _open_state(self) -> bool:
+        assert self.session is not None and self.pool is not None
+        carried = [(out, i) for out, i, _ in self.pool.carried]
+        return self.session.open_state(carried, self.pool.size)
 
     # -- one batch ------------------------------------------------------------------------
 
@@ -247,8 +270,15 @@ class ModelWorker:
                 raise BackendError(f"{self.name} has no loaded model (it failed to re-initialise)")
             assert self._buffers is not None
             feed = self._buffers.feed(batch)
+            state = _state_rows(batch) if self.state_on_device else None
+            if state is not None:
+                assert self.pool is not None
+                state = self.pool.launching(state)
             flight.run_start = time.perf_counter()
-            session.launch(feed, batch.rows if self._batching else 0, batch.stream)
+            if state is None:
+                session.launch(feed, batch.rows if self._batching else 0, batch.stream)
+            else:  # sequence steps whose state is in the session's device slots
+                session.launch(feed, batch.rows, batch.stream, state)
         except Exception as e:
             flight.error = e
         return flight
@@ -264,7 +294,7 @@ class ModelWorker:
             try:
                 assert self.session is not None
                 outputs = self._outputs(self.session.collect(batch.stream), batch.rows)
-                if self.pool is not None:
+                if self.pool is not None and not self.state_on_device:
                     self.pool.write_back(batch, outputs)
             except Exception as e:
                 error = e
@@ -344,6 +374,11 @@ class ModelWorker:
         self._release()
         try:
             self._init()
+            if self.state_on_device:  # empty slots: the sequences past their first step
+                assert self.pool is not None  # lost their state
+                self.pool.lose()
+                if not self._open_state():
+                    raise BackendError(f"{self.name}: the re-loaded model keeps no device state")
         except Exception as e:
             self._die(e)
             return

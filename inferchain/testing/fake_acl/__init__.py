@@ -82,8 +82,9 @@ order of calls (a happens-before ledger, `fake_acl._order`), never by timing:
   `reset_device` of a device that still has contexts, streams, models or memory.
 Not modelled: the default stream (0 is refused with 107000), callbacks, AIPP, op execution.
 
-For tests: `live_handles()`, `call_count(name)`, `calls`, `errors`, `executions`, `slices`,
-`inject(call, code, nth=None, p=None)` and `clear_injections()`.
+For tests: `live_handles()`, `call_count(name)`, `copies()` (count and bytes per direction),
+`calls`, `errors`, `executions`, `slices`, `inject(call, code, nth=None, p=None)` and
+`clear_injections()`.
 """
 
 from __future__ import annotations
@@ -363,6 +364,13 @@ class FakeAcl(Namespace):
         ended (a copy); kind is "h2d", "d2h", "d2d", "h2h" or "compute"."""
         with self._state.lock:
             return list(self._state.slices)
+
+    def copies(self) -> dict[str, tuple[int, int]]:
+        """Copies made or enqueued so far, per direction ("h2d", "d2h", "d2d", "h2h"):
+        (how many, bytes)."""
+        with self._state.lock:
+            st = self._state
+            return {d: (st.copies[d], st.copied[d]) for d in ("h2d", "d2h", "d2d", "h2h")}
 
     @property
     def executions(self) -> list[Execution]:

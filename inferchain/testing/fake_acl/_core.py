@@ -144,9 +144,16 @@ class State:
         self.host_clock: Clock = {}  # stream work the host has synchronized
         self.landings: list[Landing] = []  # async copies into host memory, not yet landed
         self.slices: list[Slice] = []
+        self.copies: Counter[str] = Counter()  # direction -> copies enqueued or made
+        self.copied: Counter[str] = Counter()  # direction -> their bytes
         self.copy_bandwidth: float | None = None  # bytes per second; None = instant
         self.compute_scale: float = 1.0  # simulated compute = ONNX Runtime time x this
         self.engines: dict[tuple[int, str], threading.Lock] = {}  # (device, direction)
+
+    def count_copy(self, direction: str, nbytes: int) -> None:
+        """A copy was made or enqueued (state lock held)."""
+        self.copies[direction] += 1
+        self.copied[direction] += nbytes
 
     # -- handles and the calling thread ----------------------------------------------------
 

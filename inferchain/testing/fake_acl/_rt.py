@@ -454,6 +454,7 @@ class FakeRt(Namespace):
                 check_host_access([plan.src_alloc], st.host_clock, write=False, what="memcpy")
             if plan.dst_alloc is not None:
                 check_host_access([plan.dst_alloc], st.host_clock, write=True, what="memcpy")
+            st.count_copy(plan.direction, plan.count)
         ctypes.memmove(plan.dst, plan.src, plan.count)
         return 0
 
@@ -475,6 +476,7 @@ class FakeRt(Namespace):
             for alloc, write in ((plan.src_alloc, False), (plan.dst_alloc, True)):
                 if alloc is not None:
                     _check_stream_access(alloc.accesses, clock, s, write, alloc.base)
+            st.count_copy(plan.direction, plan.count)
             landing = None
             if plan.direction.endswith("2h"):
                 ctypes.memset(plan.dst, 0xFF, plan.count)  # poison until the host syncs

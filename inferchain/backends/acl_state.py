@@ -1,0 +1,158 @@
+"""Sequence state kept in device memory by an acl session (`AclSession.open_state`).
+
+Each carried input has one device allocation of `slots` rows, made once. A batch of steps
+(`StateRows`) gathers its rows' state from there into the model's input buffer, and after
+the execute scatters the carried outputs back, both with device-to-device copies on the
+batch's stream, one copy per run of consecutive slots (not per row). A sequence's first step
+takes its state from the host row instead (the initial value, one host-to-device copy per
+run). The state never goes to the host between steps: the carried outputs are not copied
+back.
+
+`memcpy_async` needs 64-byte aligned addresses, so a carried row must be a multiple of 64
+bytes; a model whose rows are not keeps its state on the host (`plan` says why).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from inferchain.backends.acl_api import (
+    ACL_MEM_MALLOC_HUGE_FIRST,
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+    check,
+)
+from inferchain.backends.acl_buffers import Slot
+from inferchain.backends.base import StateRows
+
+ALIGN = 64  # bytes: memcpy_async's address alignment
+Call = Callable[[int, str], None]  # checks a return code, naming the call
+
+
+@attrs.define
+class Carried:
+    """One state pair: input `input` of the model's inputs (its position among all of
+    them) takes output `output` of the step before; `ptr` holds every slot's row."""
+
+    input: int
+    output: int
+    row_bytes: int
+    ptr: int = 0
+
+
+def row_bytes(slot: Slot, batch: int) -> int | None:
+    """Bytes of one row of `slot` (rows on axis 0 at the model's batch), None when its
+    dims do not say (no batch dim, or a dim that follows a gear)."""
+    dims = slot.dims
+    if not dims or dims[0] not in (-1, batch) or any(d <= 0 for d in dims[1:]):
+        return None
+    return math.prod(dims[1:]) * slot.dtype.itemsize
+
+
+def plan(
+    in_slots: Sequence[Slot],
+    out_slots: Sequence[Slot],
+    pairs: Sequence[tuple[int, int]],
+    batch: int,
+) -> tuple[list[Carried], str]:
+    """The carried pairs (input position, output index) as device state, or no pairs and
+    why they cannot be."""
+    carried = []
+    for i, o in pairs:
+        src, dst = in_slots[i], out_slots[o]
+        size = row_bytes(src, batch)
+        if size is None or row_bytes(dst, batch) != size or src.dtype != dst.dtype:
+            return [], f"{dst.name!r} -> {src.name!r} are not rows of one shape and dtype"
+        if size % ALIGN:
+            return [], f"a row of {src.name!r} is {size} bytes, not a multiple of {ALIGN}"
+        carried.append(Carried(i, o, size))
+    return carried, ""
+
+
+def runs(src: np.ndarray, split: np.ndarray | None = None) -> list[tuple[int, int, int]]:
+    """(first row, its `src` value, rows) of each run of rows whose `src` values go up by
+    one, cut also where `split` changes."""
+    n = len(src)
+    if n == 0:
+        return []
+    cut = np.diff(src) != 1
+    if split is not None:
+        cut |= np.diff(split.astype(np.int8)) != 0
+    starts = np.flatnonzero(cut) + 1
+    first = np.concatenate(([0], starts))
+    count = np.diff(np.concatenate((first, [n])))
+    return list(zip(first.tolist(), src[first].tolist(), count.tolist(), strict=True))
+
+
+class DeviceState:
+    """The device slots of one session's carried inputs (used on its thread)."""
+
+    def __init__(self, carried: list[Carried], slots: int) -> None:
+        self.carried = carried
+        self.slots = slots
+        self.inputs = {c.input: c for c in carried}
+        self.outputs = frozenset(c.output for c in carried)
+
+    def allocate(self, acl: Any, model: str) -> None:
+        """One device allocation per carried input, `slots` rows each."""
+        for c in self.carried:
+            size = self.slots * c.row_bytes
+            ptr, ret = acl.rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST)
+            check(acl, ret, f"{model}: rt.malloc({size}) for the state of input {c.input}")
+            c.ptr = ptr
+
+    def gather(
+        self, rt: Any, call: Call, c: Carried, slot: Slot, rows: StateRows, stream: int
+    ) -> None:
+        """Fill input `slot` (device) with the batch rows' state: from the device slots,
+        or, for a first step, from the host staging (where the host row was put)."""
+        n = len(rows.read)
+        size = c.row_bytes
+        assert slot.host_ptr  # data inputs have staging
+        src = np.where(rows.fresh, np.arange(n), rows.read)
+        for row, first, count in runs(src, rows.fresh):
+            nbytes = count * size
+            dst = slot.ptr + row * size
+            if rows.fresh[row]:
+                ret = rt.memcpy_async(
+                    dst,
+                    nbytes,
+                    slot.host_ptr + row * size,
+                    nbytes,
+                    ACL_MEMCPY_HOST_TO_DEVICE,
+                    stream,
+                )
+                call(ret, f"rt.memcpy_async (initial state of {slot.name!r})")
+            else:
+                ret = rt.memcpy_async(
+                    dst, nbytes, c.ptr + first * size, nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE, stream
+                )
+                call(ret, f"rt.memcpy_async (state of {slot.name!r})")
+
+    def scatter(
+        self, rt: Any, call: Call, c: Carried, slot: Slot, rows: StateRows, stream: int
+    ) -> None:
+        """Copy carried output `slot` (device) of the batch's rows into their slots."""
+        size = c.row_bytes
+        for row, first, count in runs(rows.write):
+            nbytes = count * size
+            ret = rt.memcpy_async(
+                c.ptr + first * size,
+                nbytes,
+                slot.ptr + row * size,
+                nbytes,
+                ACL_MEMCPY_DEVICE_TO_DEVICE,
+                stream,
+            )
+            call(ret, f"rt.memcpy_async (state from {slot.name!r})")
+
+    def release(self, acl: Any, attempt: Call) -> None:
+        for c in self.carried:
+            if c.ptr:
+                attempt(acl.rt.free(c.ptr), "rt.free (sequence state)")
+                c.ptr = 0

@@ -1,0 +1,160 @@
+"""Sequences on the acl backend (through FakeAcl): the carried state stays in device slots
+between steps, gathered and scattered on the device, with the same results as the host pool
+of onnxruntime; the fake counts every copy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import recipe
+
+import inferchain as ic
+from inferchain import RequestState as S
+from inferchain.testing.fake_acl import FakeAcl
+from inferchain.testing.onnx_models import write_accumulator
+
+W = 16  # floats per row: 64 bytes, as memcpy_async's alignment needs
+ROW = W * 4
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def acc16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_accumulator(tmp_path_factory.mktemp("acc16") / "acc.onnx", width=W)
+
+
+def acc(path: Path, backend: str = "acl", **model: Any) -> ic.Recipe:
+    return recipe(
+        {
+            "name": "acc",
+            "path": str(path),
+            "max_batch_size": BATCH,
+            "state": {"stateN": "state"},
+            "max_sequences": BATCH,
+            "warmup": False,
+            **model,
+        },
+        backend=backend,
+    )
+
+
+class SumSteps(ic.Stepper):
+    """Each item: f32[steps, W], one row per step; the result: the totals seen."""
+
+    def start(self, item: np.ndarray) -> dict[str, Any]:
+        return {"xs": item, "k": 0, "totals": []}
+
+    def feed(self, states: Sequence[dict[str, Any]]) -> Mapping[str, np.ndarray]:
+        return {"x": np.stack([s["xs"][s["k"]] for s in states])}
+
+    def take(self, states: Sequence[dict[str, Any]], outputs: Mapping[str, np.ndarray]) -> Any:
+        assert "stateN" not in outputs  # it stayed on the device
+        for s, total in zip(states, outputs["total"], strict=True):
+            s["totals"].append(total.copy())
+            s["k"] += 1
+        return [s["k"] == len(s["xs"]) for s in states]
+
+    def result(self, state: dict[str, Any]) -> np.ndarray:
+        return np.stack(state["totals"])
+
+
+def items(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((int(rng.integers(1, 12)), W)).astype(np.float32) for _ in range(n)]
+
+
+def test_state_stays_on_the_device_between_steps(acc16: Path, no_thread_leak: None) -> None:
+    fake = FakeAcl(static_batch=BATCH)
+    xs = items(20)  # more sequences than slots: slots are taken again
+    with ic.OfflineInference(acc(acc16), acl_module=fake) as oi:
+        assert oi._model("acc").pool.on_device  # type: ignore[union-attr]
+        stepper = SumSteps()
+        requests = [oi.run_sequence("acc", stepper, x) for x in xs]
+        got = [r.result() for r in requests]
+        executions = len(fake.executions)
+    for x, totals in zip(xs, got, strict=True):
+        np.testing.assert_array_equal(totals, np.cumsum(x, axis=0, dtype=np.float32))
+    steps = sum(len(x) for x in xs)
+    copies = fake.copies()
+    # to the host: each step's `total`, never its state
+    assert copies["d2h"] == (executions, steps * ROW)
+    # to the device: each step's `x`, and each sequence's initial state once
+    assert copies["h2d"][1] == steps * ROW + len(xs) * ROW
+    # on the device: every step's state in and out (one copy per run of slots, not per row)
+    assert copies["d2d"][1] == 2 * steps * ROW - len(xs) * ROW
+    assert copies["d2d"][0] < 2 * steps
+    assert all(v == 0 for v in fake.live_handles().values()), fake.live_handles()
+    assert fake.errors == []
+
+
+def script(oi: ic.OfflineInference) -> list[dict[str, np.ndarray]]:
+    """Sequences stepped from Python: an initial state, rows, a reorder (beam-like)."""
+    rng = np.random.default_rng(1)
+    out = []
+    start = rng.standard_normal(W).astype(np.float32)
+    with (
+        oi.sequence("acc", state={"state": start}) as one,
+        oi.sequence("acc", rows=3) as beams,
+    ):
+        for k in range(5):
+            a = one.step({"x": rng.standard_normal(W).astype(np.float32)})
+            order = None if k % 2 == 0 else [2, 0, 0]
+            rows = beams.step_rows(
+                {"x": rng.standard_normal((3, W)).astype(np.float32)}, reorder=order
+            )
+            out.append(a.result())
+            out += [r.result() for r in rows]
+    return out
+
+
+def test_same_steps_as_the_host_pool_of_onnxruntime(acc16: Path) -> None:
+    with ic.OfflineInference(acc(acc16, backend="onnxruntime")) as oi:
+        assert not oi._model("acc").pool.on_device  # type: ignore[union-attr]
+        expected = script(oi)
+    fake = FakeAcl(static_batch=BATCH)
+    with ic.OfflineInference(acc(acc16), acl_module=fake) as oi:
+        got = script(oi)
+    assert len(got) == len(expected) == 20
+    for g, e in zip(got, expected, strict=True):
+        assert set(g) == {"total"}  # the carried output stays on the device
+        np.testing.assert_array_equal(g["total"], e["total"])
+    assert fake.errors == []
+
+
+def test_rows_of_unaligned_size_keep_their_state_on_the_host(acc_path: Path) -> None:
+    """The accumulator of width 4 has 16-byte rows, which memcpy_async cannot address: the
+    state goes in and out with every step, results unchanged."""
+    fake = FakeAcl(static_batch=BATCH)
+    with ic.OfflineInference(acc(acc_path), acl_module=fake) as oi:
+        assert not oi._model("acc").pool.on_device  # type: ignore[union-attr]
+        with oi.sequence("acc") as seq:
+            for k in range(1, 4):
+                out = seq.step({"x": np.ones(4, np.float32)}).result()
+                np.testing.assert_array_equal(out["stateN"], np.full(4, k, np.float32))
+    assert fake.copies()["d2d"] == (0, 0)
+    assert fake.errors == []
+
+
+def test_a_reloaded_model_fails_only_the_sequences_whose_state_it_lost(acc16: Path) -> None:
+    fake = FakeAcl(static_batch=BATCH)
+    one = np.ones(W, np.float32)
+    with ic.OfflineInference(acc(acc16, health={"max_failures": 1}), acl_module=fake) as oi:
+        old = oi.sequence("acc")
+        assert old.step({"x": one}).result()["total"][0] == 1
+        failing = oi.sequence("acc")
+        fake.inject("mdl.execute_async", 507015, nth=1)  # AICORE_EXCEPTION: re-load
+        bad = failing.step({"x": one})
+        assert bad.wait(10) and bad.state is S.ERROR
+        lost = old.step({"x": one})
+        assert lost.wait(10) and lost.state is S.ERROR
+        assert "lost" in str(lost.error)
+        with oi.sequence("acc") as new:  # a new sequence after the re-load is fine
+            for k in range(1, 4):
+                assert new.step({"x": one}).result()["total"][0] == k
+        old.close()
+        failing.close()
+    assert all(v == 0 for v in fake.live_handles().values()), fake.live_handles()
