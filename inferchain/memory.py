@@ -45,10 +45,13 @@ class MemoryPlan:
     instances: int
     budget_bytes: int | None  # memory_budget_mb, or None for no budget
     streams: int = 1  # buffer sets per instance: each stream beyond the first costs buffer_bytes
+    state_bytes: int = 0  # a stateful model's state slots (max_sequences rows of each carried
+    # input), once for the model: host memory, or an acl session's device memory
 
     @property
     def static_bytes(self) -> int:
-        return (self.model_bytes + self.buffer_bytes * self.streams) * self.instances
+        per_instance = self.model_bytes + self.buffer_bytes * self.streams
+        return per_instance * self.instances + self.state_bytes
 
     @property
     def request_bytes(self) -> int | None:
@@ -58,11 +61,12 @@ class MemoryPlan:
     def check(self) -> None:
         """Raise `ConfigError` when the static memory alone does not fit the budget."""
         if self.budget_bytes is not None and self.static_bytes > self.budget_bytes:
+            state = f", + state slots {self.state_bytes / MB:.1f} MB" if self.state_bytes else ""
             raise ConfigError(
                 f"model {self.model!r} needs {self.static_bytes / MB:.1f} MB "
                 f"(model {self.model_bytes / MB:.1f} MB + buffers {self.buffer_bytes / MB:.1f} MB"
-                f" x {self.streams} streams, x {self.instances} instances) but memory_budget_mb is "
-                f"{self.budget_bytes / MB:.1f}"
+                f" x {self.streams} streams, x {self.instances} instances"
+                f"{state}) but memory_budget_mb is {self.budget_bytes / MB:.1f}"
             )
 
     def to_dict(self) -> dict[str, object]:
@@ -98,6 +102,12 @@ def plan(
         sizes = [*in_sizes, *out_sizes]
         dynamic = any(s is None for s in sizes)
     budget = model.memory_budget_mb
+    carried = set(model.state.values())
+    state_bytes = sum(
+        tensor_bytes(t, model.max_sequences, a) or 0
+        for t, a in zip(inputs, layout.inputs, strict=True)
+        if t.name in carried and a is not None
+    )
     return MemoryPlan(
         model=model.name,
         model_bytes=os.path.getsize(model.path) if os.path.exists(model.path) else 0,
@@ -107,4 +117,5 @@ def plan(
         instances=model.instances,
         budget_bytes=None if budget is None else int(budget * MB),
         streams=model.streams or 1,
+        state_bytes=state_bytes,
     )

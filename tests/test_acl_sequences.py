@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import recipe
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import inferchain as ic
 from inferchain import RequestState as S
@@ -158,3 +160,85 @@ def test_a_reloaded_model_fails_only_the_sequences_whose_state_it_lost(acc16: Pa
         old.close()
         failing.close()
     assert all(v == 0 for v in fake.live_handles().values()), fake.live_handles()
+
+
+class BeamSums(ic.Stepper):
+    """Item (xs f32[steps, rows, W], orders int[steps, rows]): after step t, row j goes on
+    from the state row orders[t][j] had (a beam search's reorder); the result: the totals."""
+
+    rows = 0
+
+    def start(self, item: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
+        return {"xs": item[0], "orders": item[1], "k": 0, "totals": []}
+
+    def feed(self, states: Sequence[dict[str, Any]]) -> Mapping[str, np.ndarray]:
+        return {"x": np.concatenate([s["xs"][s["k"]] for s in states])}
+
+    def take(self, states: Sequence[dict[str, Any]], outputs: Mapping[str, np.ndarray]) -> Any:
+        totals = outputs["total"].reshape(len(states), -1, W)
+        for s, t in zip(states, totals, strict=True):
+            s["totals"].append(t.copy())
+            s["k"] += 1
+        ended = [s["k"] == len(s["xs"]) for s in states]
+        orders = np.stack([s["orders"][min(s["k"], len(s["orders"]) - 1)] for s in states])
+        return ended, orders
+
+    def result(self, state: dict[str, Any]) -> np.ndarray:
+        return np.stack(state["totals"])
+
+
+def beam_reference(xs: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    state = np.zeros(xs.shape[1:], np.float32)
+    totals = []
+    for t, x in enumerate(xs):
+        if t:
+            state = state[orders[t]]
+        state = x + state
+        totals.append(state)
+    return np.stack(totals)
+
+
+@settings(max_examples=15)
+@given(
+    rows=st.integers(1, 3),
+    shapes=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 2**31)), min_size=1, max_size=9),
+)
+def test_reorders_across_many_sequences_match_numpy(
+    acc16: Path, rows: int, shapes: list[tuple[int, int]]
+) -> None:
+    fake = FakeAcl(static_batch=BATCH)
+    items = []
+    for steps, seed in shapes:
+        rng = np.random.default_rng(seed)
+        xs = rng.standard_normal((steps, rows, W)).astype(np.float32)
+        items.append((xs, rng.integers(0, rows, (steps, rows))))
+    with ic.OfflineInference(acc(acc16), acl_module=fake) as oi:
+        stepper = BeamSums()
+        stepper.rows = rows
+        requests = [oi.run_sequence("acc", stepper, item) for item in items]
+        got = [r.result() for r in requests]
+    for (xs, orders), totals in zip(items, got, strict=True):
+        np.testing.assert_array_equal(totals, beam_reference(xs, orders))
+    assert fake.copies()["d2h"][1] == sum(xs.size * 4 for xs, _ in items)  # totals only
+    assert fake.errors == []
+
+
+def test_steps_with_options_and_sequences_too_wide(acc16: Path) -> None:
+    fake = FakeAcl(static_batch=BATCH)
+    one = np.ones(W, np.float32)
+    with ic.OfflineInference(acc(acc16, max_sequences=16), acl_module=fake) as oi:
+        with oi.sequence("acc") as seq:
+            for k in range(1, 5):
+                options = {"priority": k} if k % 2 else {"timeout": 30.0}
+                out = seq.step({"x": one}, **options).result()
+                assert set(out) == {"total"} and out["total"][0] == k
+        with pytest.raises(ic.InvalidInput, match="does not fit one batch of 8"):
+            oi.sequence("acc", rows=BATCH + 1)
+    assert fake.errors == []
+
+
+def test_the_memory_plan_counts_the_state_slots(acc16: Path) -> None:
+    with ic.OfflineInference(acc(acc16, backend="onnxruntime", max_sequences=32)) as oi:
+        plan = oi.memory["acc"]
+    assert plan.state_bytes == 32 * ROW
+    assert plan.static_bytes == plan.model_bytes + plan.buffer_bytes + 32 * ROW
