@@ -323,6 +323,7 @@ class OfflineInference:
                     names=loaded.step_names,
                     shapes=loaded.shapes,
                     batch_rows=loaded.config.batch_rows,
+                    cohorts=stepper.cohorts,
                     submit=engine.submit_steps,
                     take_id=lambda: self._take_ids(1),
                     record=self.metrics.models[model].record_steps_formed,

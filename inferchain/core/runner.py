@@ -38,17 +38,23 @@ class Stepper:
     - `feed(states)`: the next step's inputs that are not carried, for the sequences
       `states` in order: name -> array of `len(states) * rows` rows (the rows of
       `states[0]` first); an unbatched input (`batched: false`) gets its one value;
-    - `take(states, outputs)`: the step's outputs (name -> rows, carried ones included) for
-      those sequences; update the states and return a bool per sequence, True where it
-      has ended, and optionally `reorder`, ints [len(states), rows]: row j of a sequence
-      goes on from the carried state its row `reorder[i, j]` had (a beam search);
+    - `take(states, outputs)`: the step's outputs (name -> rows, carried ones included,
+      except where the state stays in device memory: acl) for those sequences; update
+      the states and return a bool per sequence, True where it has ended, and optionally
+      `reorder`, ints [len(states), rows]: row j of a sequence goes on from the carried
+      state its row `reorder[i, j]` had (a beam search);
     - `result(state)`: an ended sequence's result.
 
     `feed`, `take` and `result` run on the engine's thread, one call at a time: they must
     not block. An exception fails the sequences of that call only.
+
+    `cohorts`: step batches of this stepper's sequences on their way at once. While one is
+    on a worker, `take` and `feed` of another run on the host; take more where the host
+    step is long next to the model's, or the model has more instances.
     """
 
     rows: int = 1
+    cohorts: int = STEP_COHORTS
 
     def start(self, item: Any) -> Any:
         return item

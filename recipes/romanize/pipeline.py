@@ -43,6 +43,10 @@ class _Unit:
 class BeamSteps(Stepper):
     """arabic-name-romanizer's beam search for every live unit of a step batch at once."""
 
+    # three step batches on their way: both decoder instances busy while the host's beam
+    # step of the third runs
+    cohorts = 3
+
     def __init__(self, spec: BeamSpec) -> None:
         self.spec = spec
         self.rows = spec.beam_width
@@ -58,12 +62,15 @@ class BeamSteps(Stepper):
         batch (zeros, masked: the decoder's outputs do not change)."""
         k, n = self.rows, len(states)
         width = max(u.memory.shape[0] for u in states)
-        memory = np.zeros((n, k, width, states[0].memory.shape[1]), dtype=np.float32)
-        mask = np.ones((n, k, width), dtype=bool)
+        memory = np.empty((n, k, width, states[0].memory.shape[1]), dtype=np.float32)
+        mask = np.empty((n, k, width), dtype=bool)
         for i, u in enumerate(states):
             s = u.memory.shape[0]
             memory[i, :, :s] = u.memory
             mask[i, :, :s] = u.mask
+            if s < width:  # only the padding is written twice
+                memory[i, :, s:] = 0
+                mask[i, :, s:] = True
         prefix = np.stack([u.last for u in states]).reshape(n * k, 1)
         return {
             "prefix": prefix,
@@ -107,7 +114,7 @@ class RomanizePipeline(Pipeline):
     item_per_line = True  # `inferchain run --input names.txt`: one unit per line
     # whole encoder batches must be in flight before one leaves (`batching: fill`), and
     # every unit in flight may hold a decoder sequence of k rows
-    max_in_flight = 512
+    max_in_flight = 1024
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
