@@ -298,13 +298,17 @@ class OfflineInference:
         steps.add(requests, slots.tolist(), items, keys)
         return requests
 
-    def run_sequence(self, model: str, stepper: Stepper, item: Any) -> Request:
+    def run_sequence(
+        self, model: str, stepper: Stepper, item: Any, *, timeout: float | None = None
+    ) -> Request:
         """Run one whole sequence of the stateful `model` for `item`, its host logic in
         `stepper` (an `inferchain.Stepper`: every step of all the sequences run with this
         stepper is computed for them together, in one call per step batch). Returns a
         Request that ends DONE with `stepper.result(state)` as its outputs (or ERROR with
-        what failed); cancel it to end the sequence at its next step. See
-        docs/sequences.md."""
+        what failed); cancel it to end the sequence at its next step. With `timeout`
+        (seconds), it ends TIMED_OUT once that has passed, between two of its steps or
+        while it waits for slots (checked as its runner's step batches land and slots are
+        freed), and its slots are freed. See docs/sequences.md."""
         engine = self._running_engine()
         loaded = self._model(model)
         if loaded.pool is None:
@@ -328,7 +332,8 @@ class OfflineInference:
                     take_id=lambda: self._take_ids(1),
                     record=self.metrics.models[model].record_steps_formed,
                 )
-        request = Request(self._take_ids(1), model, on_cancel=runner.cancelled)
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        request = Request(self._take_ids(1), model, deadline=deadline, on_cancel=runner.cancelled)
         runner.submit(request, item)
         return request
 

@@ -136,6 +136,31 @@ def test_a_cancelled_sequence_frees_its_slot_and_the_others_finish(acc_path: Pat
         assert oi.wait_all(timeout=10)
 
 
+def test_a_sequence_times_out_between_steps_and_frees_its_slot(acc_path: Path) -> None:
+    endless = np.ones((100_000, 1, W), np.float32)
+    with ic.OfflineInference(acc_recipe(acc_path, max_sequences=2)) as oi:
+        stepper = SumSteps()
+        late = oi.run_sequence("acc", stepper, endless, timeout=0.2)
+        other = oi.run_sequence("acc", stepper, endless[:5], timeout=30)
+        waiting = oi.run_sequence("acc", stepper, endless[:4])  # a slot once `other` ends
+        assert late.wait(10) and late.state is S.TIMED_OUT
+        assert isinstance(late.error, ic.RequestTimeout) and "deadline" in str(late.error)
+        assert 0 < stepper.steps < len(endless)  # it ran some steps, then timed out
+        np.testing.assert_allclose(other.result(timeout=10)[-1], 5 * endless[0])
+        np.testing.assert_allclose(waiting.result(timeout=10)[-1], 4 * endless[0])
+        assert oi.wait_all(timeout=10)
+        assert oi._model("acc").pool.num_free == 2  # type: ignore[union-attr]
+
+
+def test_a_waiting_sequence_times_out_before_it_starts(acc_path: Path) -> None:
+    with ic.OfflineInference(acc_recipe(acc_path, max_sequences=1)) as oi:
+        stepper = SumSteps()
+        first = oi.run_sequence("acc", stepper, np.ones((300, 1, W), np.float32))
+        never = oi.run_sequence("acc", stepper, np.ones((3, 1, W), np.float32), timeout=0.0)
+        assert never.wait(10) and never.state is S.TIMED_OUT
+        assert first.result(timeout=30)[-1][0][0] == 300
+
+
 def test_a_failure_ends_the_sequences_of_its_batch_only(acc_path: Path) -> None:
     r = acc_recipe(acc_path, max_batch_size=1, max_sequences=1)
     backend = FaultyBackend(OnnxRuntimeBackend(r), fail_runs={3})

@@ -20,7 +20,7 @@ import numpy as np
 from inferchain.core.request import Request, RequestState
 from inferchain.core.sequences import STEP_COHORTS, StatePool
 from inferchain.core.work import Work
-from inferchain.errors import InvalidInput, RequestError
+from inferchain.errors import InvalidInput, RequestError, RequestTimeout
 from inferchain.inputs import InputSpec, batch_key
 from inferchain.shapes import ShapePolicy
 
@@ -199,9 +199,10 @@ class SequenceRunner:
 
     def _admit(self) -> None:
         """Waiting sequences that get slots join the next cohort."""
+        now = time.perf_counter()
         while self._waiting:
             live = self._waiting[0]
-            if live.request.done():
+            if _expire(live.request, now) or live.request.done():
                 self._waiting.popleft()
                 self._open.discard(live)
                 continue
@@ -309,7 +310,10 @@ class SequenceRunner:
         self._give_back()
 
     def _take(self, cohort: list[_Live], outputs: dict[str, np.ndarray]) -> None:
-        going = [live for live in cohort if not live.request.done()]  # cancelled meanwhile
+        now = time.perf_counter()
+        for live in cohort:
+            _expire(live.request, now)
+        going = [live for live in cohort if not live.request.done()]  # cancelled, timed out
         for live in cohort:
             if live.request.done():
                 self._free(live)
@@ -369,6 +373,15 @@ class SequenceRunner:
             self._freed.append(live.slots)
             live.slots = None
             self._live -= 1
+
+
+def _expire(request: Request, now: float) -> bool:
+    """End a sequence's request TIMED_OUT if its deadline has passed; True if it did."""
+    deadline = request.deadline
+    if deadline is None or now < deadline:
+        return False
+    error = RequestTimeout(f"sequence {request.id} ({request.model}) passed its deadline")
+    return request.try_transition(RequestState.TIMED_OUT, error=error)
 
 
 def _outputs_of(work: Work) -> tuple[dict[str, np.ndarray], BaseException | None]:
