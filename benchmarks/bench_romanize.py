@@ -1,15 +1,17 @@
 """B9 of BENCHMARKS.md: beam-search romanization of thousands of name units.
 
 Sides, interleaved (A B ...) after a warm-up round, on the same units from the package's
-own names.sqlite3, both with the package's 2 intra-op threads per session:
+own names.sqlite3, on the same cores (the machine's 2):
   package     arabic_name_romanizer's OnnxModel.transliterate_units (batch_size 256, dedupe
-              off): each batch of 256 names decoded in lock step until its last name ends
-  continuous  the ideal hand-written loop (recipes/romanize/ideal.py): the same encoder
-              batches, then decoder steps over `--slots` live names, a finished name's slot
-              refilled at once
+              off; `--threads` intra-op threads, its 2 by default): each batch of 256 names
+              decoded in lock step until its last name ends
+  continuous  the ideal hand-written loop (recipes/romanize/ideal.py; `--threads` threads):
+              the same encoder batches, then decoder steps over `--slots` live names, a
+              finished name's slot refilled at once
   inferchain  the recipe (recipes/romanize): `oi.run(units)`; the encoder in the package's
-              batches (`batching: fill`), one decoder sequence of 2 beams per unit, the
-              steps of every live unit batched together
+              batches (`batching: fill`, one thread), one decoder sequence of 2 beams per
+              unit, the steps of every live unit batched together on two one-thread
+              decoder instances (the recipe's own session options)
 Target: inferchain >= 1.3x the package. Every side's hypotheses (texts and scores) must be
 identical to the package's.
 Run: `python benchmarks/bench_romanize.py [--quick]`; writes benchmarks/results/bench_romanize.json.
@@ -34,7 +36,9 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--slots", type=int, default=128, help="live names in the loop")
-    parser.add_argument("--threads", type=int, default=2, help="intra-op threads, both sides")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="intra-op threads of the package and the loop"
+    )
     args = parser.parse_args()
     n, rounds = (512, 1) if args.quick else (args.units, args.rounds)
 
@@ -56,8 +60,7 @@ def main() -> None:
 
     import inferchain as ic
 
-    threads = {"intra_op_num_threads": args.threads}
-    oi = ic.OfflineInference(ic.load_recipe(RECIPE, session_options=threads)).init()
+    oi = ic.OfflineInference(ic.load_recipe(RECIPE)).init()
 
     def recipe() -> None:
         outputs["inferchain"] = list(oi.run(units))
