@@ -20,6 +20,7 @@ from inferchain.errors import (
     RequestCancelled,
     RequestError,
     RequestTimeout,
+    StateLost,
 )
 from inferchain.metrics import Stats
 from inferchain.offline import OfflineInference
@@ -51,6 +52,7 @@ __all__ = [
     "RequestError",
     "RequestState",
     "RequestTimeout",
+    "StateLost",
     "Stats",
     "Stepper",
     "TensorDesc",

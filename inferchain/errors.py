@@ -14,7 +14,8 @@ InferchainError
     ├── BackendError     the device runtime failed (numeric code and name)
     ├── RequestTimeout   the deadline passed before the request ran
     ├── RequestCancelled cancel() or close() ended the request
-    └── DependencyFailed a request it depends on did not finish DONE
+    ├── DependencyFailed a request it depends on did not finish DONE
+    └── StateLost        a sequence's carried state was lost (its model was re-loaded)
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ class BackendError(_RuntimeCoded, RequestError):
     `code` is the backend's numeric code (None when the runtime gives none) and `name` its
     symbolic name, e.g. ``207001`` / ``"ACL_ERROR_RT_MEMORY_ALLOCATION"``.
     """
+
+
+class StateLost(RequestError):
+    """A sequence's carried state was lost: it lived in device memory of a session that was
+    re-loaded after failures. The sequence cannot go on; others are not affected."""
 
 
 class RequestTimeout(RequestError):

@@ -91,6 +91,7 @@ class LiveSequence:
             and isinstance(inputs, dict)
             and options.keys() <= {"callback"}
             and self._pool.inputs.keys().isdisjoint(inputs)
+            and not self._pool.lost(self.slots)
         ):
             request = self._one(inputs, self._slot, options.get("callback"))
             self._last = [request]
@@ -143,6 +144,8 @@ class LiveSequence:
                     f"{last.state.name} ({last.error}); its state is lost, the sequence "
                     "cannot go on"
                 )
+        if self._pool.lost(self.slots):
+            raise self._pool.lost_error()
         if not isinstance(inputs, Mapping):
             raise InvalidInput(
                 f"sequence of model {self.model!r}: a step takes a mapping name -> array, "

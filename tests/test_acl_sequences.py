@@ -4,6 +4,7 @@ of onnxruntime; the fake counts every copy."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -147,19 +148,70 @@ def test_a_reloaded_model_fails_only_the_sequences_whose_state_it_lost(acc16: Pa
     with ic.OfflineInference(acc(acc16, health={"max_failures": 1}), acl_module=fake) as oi:
         old = oi.sequence("acc")
         assert old.step({"x": one}).result()["total"][0] == 1
+        unstepped = oi.sequence("acc")  # opened before the re-load, not stepped yet
         failing = oi.sequence("acc")
         fake.inject("mdl.execute_async", 507015, nth=1)  # AICORE_EXCEPTION: re-load
         bad = failing.step({"x": one})
         assert bad.wait(10) and bad.state is S.ERROR
-        lost = old.step({"x": one})
-        assert lost.wait(10) and lost.state is S.ERROR
-        assert "lost" in str(lost.error)
-        with oi.sequence("acc") as new:  # a new sequence after the re-load is fine
-            for k in range(1, 4):
-                assert new.step({"x": one}).result()["total"][0] == k
-        old.close()
-        failing.close()
+        assert oi.wait_all(10)
+        with pytest.raises(ic.StateLost, match="re-loaded"):
+            old.step({"x": one})
+        new = oi.sequence("acc")  # opened after the re-load
+        idle = oi.sequence("acc")  # live, not stepping: the two steps below batch together
+        steps = [new.step({"x": one}), unstepped.step({"x": 2 * one})]
+        assert [r.result()["total"][0] for r in steps] == [1, 2]
+        for k in range(2, 5):  # they go on, and a lost step re-loads nothing
+            assert new.step({"x": one}).result()["total"][0] == k
+        for s in (old, unstepped, failing, new, idle):
+            s.close()
+    assert fake.call_count("mdl.load_from_file") == 2  # the first load and one re-load
     assert all(v == 0 for v in fake.live_handles().values()), fake.live_handles()
+
+
+def test_a_step_formed_before_the_reload_fails_alone_and_counts_no_failure(
+    acc16: Path,
+) -> None:
+    """A stepper's cohort whose batch was on its way when the model was re-loaded: it
+    fails with StateLost, the worker does not count it, the other sequences go on."""
+    fake = FakeAcl(static_batch=BATCH)
+    xs = [np.ones((40, W), np.float32) for _ in range(6)]
+    recipe = acc(acc16, health={"max_failures": 1}, max_batch_size=2)
+    with ic.OfflineInference(recipe, acl_module=fake) as oi:
+        requests = [oi.run_sequence("acc", SumSteps(), x) for x in xs[:2]]
+        fake.inject("mdl.execute_async", 507015, nth=5)
+        for r in requests:
+            assert r.wait(30)
+        errors = {type(r.error).__name__ for r in requests if r.state is not S.DONE}
+        assert errors == {"BackendError", "StateLost"}, errors
+        again = [oi.run_sequence("acc", SumSteps(), x) for x in xs[2:]]
+        for r in again:
+            np.testing.assert_array_equal(r.result(timeout=30)[-1], np.full(W, 40, np.float32))
+    assert fake.call_count("mdl.load_from_file") == 2
+    assert all(v == 0 for v in fake.live_handles().values()), fake.live_handles()
+
+
+def test_steps_with_options_of_one_sequence_stay_in_one_batch(acc16: Path) -> None:
+    """Steps given a priority are plain works that the batcher may join and split; a
+    sequence's rows must not be split, or a reorder would read a slot already written."""
+    fake = FakeAcl(static_batch=2, compute_scale=5000.0)
+    recipe = acc(acc16, max_batch_size=2, max_sequences=4, streams=1, max_queue_delay_ms=1000)
+
+    def rows(*values: float) -> np.ndarray:
+        return np.stack([np.full(W, v, np.float32) for v in values])
+
+    with ic.OfflineInference(recipe, acl_module=fake) as oi:
+        c, a, b = oi.sequence("acc"), oi.sequence("acc"), oi.sequence("acc", rows=2)
+        for r in b.step_rows({"x": rows(1, 10)}):
+            r.result()
+        busy = c.step({"x": rows(0)[0]}, priority=1)  # keeps the worker busy meanwhile
+        time.sleep(0.02)
+        first = a.step({"x": rows(0)[0]}, priority=1)
+        swapped = b.step_rows({"x": rows(0, 0)}, reorder=[1, 0], priority=1)
+        assert [r.result(timeout=60)["total"][0] for r in swapped] == [10, 1]
+        assert busy.result(timeout=60) and first.result(timeout=60)
+        for s in (a, b, c):
+            s.close()
+    assert fake.errors == []
 
 
 class BeamSums(ic.Stepper):

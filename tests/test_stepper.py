@@ -156,9 +156,12 @@ def test_a_waiting_sequence_times_out_before_it_starts(acc_path: Path) -> None:
     with ic.OfflineInference(acc_recipe(acc_path, max_sequences=1)) as oi:
         stepper = SumSteps()
         first = oi.run_sequence("acc", stepper, np.ones((300, 1, W), np.float32))
+        behind = oi.run_sequence("acc", stepper, np.ones((2, 1, W), np.float32))  # no timeout
         never = oi.run_sequence("acc", stepper, np.ones((3, 1, W), np.float32), timeout=0.0)
-        assert never.wait(10) and never.state is S.TIMED_OUT
+        assert never.wait(10) and never.state is S.TIMED_OUT  # behind another in line
+        assert not first.done()
         assert first.result(timeout=30)[-1][0][0] == 300
+        assert behind.result(timeout=30)[-1][0][0] == 2
 
 
 def test_a_failure_ends_the_sequences_of_its_batch_only(acc_path: Path) -> None:

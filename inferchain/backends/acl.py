@@ -382,12 +382,6 @@ class AclSession(Session):
         name = self._model.name
         if self._state is None:
             raise BackendError(f"{name}: launch() got sequence state, but none is open")
-        if state.lost:
-            raise BackendError(
-                f"{name}: the carried state of a sequence in this batch was lost when the "
-                "model was re-loaded on the device; those sequences cannot go on",
-                name="ACL_STATE_LOST",
-            )
         if len(state.read) != rows:
             raise BackendError(
                 f"{name}: sequence state for {len(state.read)} rows in a batch of {rows}"
@@ -499,11 +493,11 @@ class AclSession(Session):
     def _drain(self, buffer_set: BufferSet) -> None:
         """After a failed launch: wait for what was enqueued, so the set can be used again."""
         buffer_set.launched = None
-        if self._last_executed is buffer_set:
-            self._last_executed = None
         ret = self._acl.rt.synchronize_stream(buffer_set.stream)
-        if ret != ACL_SUCCESS:
+        if ret != ACL_SUCCESS:  # its work may still run: the next launch still waits for it
             log.warning("acl_drain_failed", model=self._model.name, code=ret)
+        elif self._last_executed is buffer_set:
+            self._last_executed = None
 
     def _stages(self, buffer_set: BufferSet) -> dict[str, float] | None:
         """Device seconds of the collected batch per stage, from its events; None where the

@@ -26,14 +26,13 @@ class StateRows:
     read: np.ndarray  # intp, one per row (a reorder reads another row's slot)
     write: np.ndarray  # intp, one per row
     fresh: np.ndarray  # bool, one per row
-    lost: bool = False  # a row's state was lost (the session was re-loaded): do not run
 
     def part(self, start: int, stop: int) -> StateRows:
         """The rows `start:stop` (a batch that holds part of a work)."""
         if start == 0 and stop == len(self.read):
             return self
         cut = slice(start, stop)
-        return StateRows(self.read[cut], self.write[cut], self.fresh[cut], self.lost)
+        return StateRows(self.read[cut], self.write[cut], self.fresh[cut])
 
     @staticmethod
     def join(parts: Sequence[StateRows]) -> StateRows:
@@ -44,7 +43,6 @@ class StateRows:
             np.concatenate([p.read for p in parts]),
             np.concatenate([p.write for p in parts]),
             np.concatenate([p.fresh for p in parts]),
-            any(p.lost for p in parts),
         )
 
 

@@ -88,6 +88,8 @@ class ModelBatcher:
             if work.formed and rows:  # a formed batch runs alone (its cohort stays one)
                 break
             before = work.taken
+            if rows and work.state_rows is not None and rows + work.rows - before > self.max_rows:
+                break  # steps whose state is on the device stay in one batch (a reorder)
             if before < work.rows:
                 if work.requests is None:
                     stop = min(work.rows, before + self.max_rows - rows)

@@ -129,6 +129,7 @@ class SequenceRunner:
         self._live = 0  # sequences with a slot
         self._freed: list[np.ndarray] = []  # slots to give back once the lock is left
         self._open: set[_Live] = set()  # every sequence submitted and not ended
+        self._timed: list[_Live] = []  # waiting ones with a deadline (and some gone since)
         pool.on_release.append(self._slots_freed)
         carried = {i for _, i, _ in pool.carried}
         self._fed = [n for i, n in enumerate(spec.names) if i not in carried]
@@ -140,6 +141,8 @@ class SequenceRunner:
         with self._lock:
             self._open.add(live)
             self._waiting.append(live)
+            if request.deadline is not None:
+                self._timed.append(live)
             self._admit()
             self._launch_ready()
         self._give_back()
@@ -200,9 +203,15 @@ class SequenceRunner:
     def _admit(self) -> None:
         """Waiting sequences that get slots join the next cohort."""
         now = time.perf_counter()
+        if self._timed:  # anywhere in the line (they leave it when they reach its head)
+            self._timed = [
+                live
+                for live in self._timed
+                if live.slots is None and not live.request.done() and not _expire(live.request, now)
+            ]
         while self._waiting:
             live = self._waiting[0]
-            if _expire(live.request, now) or live.request.done():
+            if live.request.done():
                 self._waiting.popleft()
                 self._open.discard(live)
                 continue
@@ -234,6 +243,14 @@ class SequenceRunner:
             self._launch(cohort)
 
     def _launch(self, cohort: list[_Live]) -> None:
+        pool = self.pool
+        if pool.on_device:  # a re-loaded model lost the state of those that had stepped
+            lost = [live for live in cohort if live.slots is not None and pool.lost(live.slots)]
+            if lost:
+                self._end(lost, None, pool.lost_error())
+                cohort = [live for live in cohort if live not in lost]
+                if not cohort:
+                    return
         states = [live.state for live in cohort]
         try:
             fed = self.stepper.feed(states)

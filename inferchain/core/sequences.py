@@ -30,7 +30,7 @@ from inferchain.backends.base import StateRows
 from inferchain.core.records import Batch
 from inferchain.core.request import Request
 from inferchain.core.work import Work
-from inferchain.errors import InvalidInput, QueueFull
+from inferchain.errors import InvalidInput, QueueFull, StateLost
 from inferchain.inputs import InputSpec, batch_key, shared_values
 from inferchain.shapes import ShapePolicy
 
@@ -151,12 +151,25 @@ class StatePool:
         every slot past its first step has lost its state."""
         self._lost |= ~self._fresh
 
-    def launching(self, rows: StateRows) -> StateRows:
-        """`rows` as the worker launches them (its thread, so after any `lose`): `lost`
-        where a row reads state the session never wrote; their slots are written now."""
-        lost = bool((self._lost[rows.read] & ~rows.fresh).any())
+    def lost(self, slots: np.ndarray) -> bool:
+        """Some of `slots` lost their state (their next step cannot run)."""
+        return self.on_device and bool(self._lost[slots].any())
+
+    def lost_error(self) -> StateLost:
+        return StateLost(
+            f"model {self.model!r}: the carried state of a sequence was lost when the model "
+            "was re-loaded after failures (it lived in the old session's device memory); "
+            "the sequence cannot go on"
+        )
+
+    def launching(self, rows: StateRows) -> bool:
+        """The worker launches `rows` (its thread, so after any `lose`): True when a row
+        reads state the session never wrote (the step was formed before the re-load);
+        otherwise their slots hold this session's state from now on."""
+        if (self._lost[rows.read] & ~rows.fresh).any():
+            return True
         self._lost[rows.write] = False
-        return StateRows(rows.read, rows.write, rows.fresh, lost) if lost else rows
+        return False
 
     def release(self, slots: np.ndarray) -> None:
         with self._cond:

@@ -23,7 +23,7 @@ from inferchain.config import ModelConfig
 from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
 from inferchain.core.sequences import StatePool
-from inferchain.errors import BackendError, ConfigError, InferchainError, LoadError
+from inferchain.errors import BackendError, ConfigError, InferchainError, LoadError, StateLost
 from inferchain.layout import Layout, rows_first
 from inferchain.logs import get_logger, log_safely
 from inferchain.shapes import ShapePolicy
@@ -273,7 +273,8 @@ class ModelWorker:
             state = _state_rows(batch) if self.state_on_device else None
             if state is not None:
                 assert self.pool is not None
-                state = self.pool.launching(state)
+                if self.pool.launching(state):
+                    raise self.pool.lost_error()
             flight.run_start = time.perf_counter()
             if state is None:
                 session.launch(feed, batch.rows if self._batching else 0, batch.stream)
@@ -306,6 +307,9 @@ class ModelWorker:
         if error is None:
             self.consecutive_failures = 0
             return BatchResult(batch, outputs, None, self._timing(flight, run_end, ok=True)), None
+        if isinstance(error, StateLost):  # the sequences', not the session's: no failure
+            timing = self._timing(flight, run_end, ok=False)
+            return BatchResult(batch, None, error, timing), None
         crash = None if isinstance(error, Exception) else error
         self.consecutive_failures += 1
         was_healthy = self.healthy
