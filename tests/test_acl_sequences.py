@@ -190,6 +190,34 @@ def test_a_step_formed_before_the_reload_fails_alone_and_counts_no_failure(
     assert all(v == 0 for v in fake.live_handles().values()), fake.live_handles()
 
 
+def test_a_step_queued_across_the_reload_fails_alone(acc16: Path) -> None:
+    """A step that waits in its group while the model is re-loaded has lost its state; a
+    new sequence's step joining that group still runs."""
+    fake = FakeAcl(static_batch=BATCH)
+    one = np.ones(W, np.float32)
+    recipe = acc(acc16, health={"max_failures": 1}, max_queue_delay_ms=500)
+    with ic.OfflineInference(recipe, acl_module=fake) as oi:
+        old = oi.sequence("acc")
+        assert old.step({"x": one}).result()["total"][0] == 1
+        idle, failing = oi.sequence("acc"), oi.sequence("acc")
+        pending = old.step({"x": one})  # waits for the others (or the window)
+        fake.inject("mdl.execute_async", 507015, nth=1)
+        bad = failing.step({"x": one}, priority=1)  # a Work of its own: fails, re-load
+        assert bad.wait(10) and bad.state is S.ERROR
+        worker = oi._model("acc").workers[0]
+        deadline = time.perf_counter() + 10
+        while not (fake.call_count("mdl.load_from_file") == 2 and worker.healthy):
+            assert time.perf_counter() < deadline, "the model was not re-loaded"
+            time.sleep(0.001)
+        new = oi.sequence("acc")  # opened after the re-load, joins `pending`'s group
+        fresh = new.step({"x": one})
+        assert fresh.result(timeout=10)["total"][0] == 1
+        assert pending.wait(10) and isinstance(pending.error, ic.StateLost)
+        for s in (old, idle, failing, new):
+            s.close()
+    assert fake.call_count("mdl.load_from_file") == 2
+
+
 def test_steps_with_options_of_one_sequence_stay_in_one_batch(acc16: Path) -> None:
     """Steps given a priority are plain works that the batcher may join and split; a
     sequence's rows must not be split, or a reorder would read a slot already written."""

@@ -9,6 +9,7 @@ batch leaves at once. See docs/sequences.md.
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections import deque
@@ -129,7 +130,9 @@ class SequenceRunner:
         self._live = 0  # sequences with a slot
         self._freed: list[np.ndarray] = []  # slots to give back once the lock is left
         self._open: set[_Live] = set()  # every sequence submitted and not ended
-        self._timed: list[_Live] = []  # waiting ones with a deadline (and some gone since)
+        # (deadline, id, sequence) of those submitted with a deadline, soonest first (some
+        # started or ended since)
+        self._timed: list[tuple[float, int, _Live]] = []
         pool.on_release.append(self._slots_freed)
         carried = {i for _, i, _ in pool.carried}
         self._fed = [n for i, n in enumerate(spec.names) if i not in carried]
@@ -142,7 +145,7 @@ class SequenceRunner:
             self._open.add(live)
             self._waiting.append(live)
             if request.deadline is not None:
-                self._timed.append(live)
+                heapq.heappush(self._timed, (request.deadline, request.id, live))
             self._admit()
             self._launch_ready()
         self._give_back()
@@ -203,12 +206,11 @@ class SequenceRunner:
     def _admit(self) -> None:
         """Waiting sequences that get slots join the next cohort."""
         now = time.perf_counter()
-        if self._timed:  # anywhere in the line (they leave it when they reach its head)
-            self._timed = [
-                live
-                for live in self._timed
-                if live.slots is None and not live.request.done() and not _expire(live.request, now)
-            ]
+        timed = self._timed
+        while timed and timed[0][0] <= now:  # anywhere in the line (they leave it at its head)
+            _, _, live = heapq.heappop(timed)
+            if live.slots is None:
+                _expire(live.request, now)
         while self._waiting:
             live = self._waiting[0]
             if live.request.done():

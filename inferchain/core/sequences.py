@@ -155,6 +155,10 @@ class StatePool:
         """Some of `slots` lost their state (their next step cannot run)."""
         return self.on_device and bool(self._lost[slots].any())
 
+    def lost_rows(self, slots: Sequence[int]) -> list[int]:
+        """1 for each of `slots` that lost its state, else 0."""
+        return [int(x) for x in self._lost[np.asarray(slots, dtype=np.intp)]]
+
     def lost_error(self) -> StateLost:
         return StateLost(
             f"model {self.model!r}: the carried state of a sequence was lost when the model "
@@ -416,8 +420,7 @@ class PendingSteps:
     def _send(self, key: Hashable) -> None:
         """Group `key` to the engine, under `lock`: a cancel of one of its steps reaches the
         engine only after the Work has."""
-        work = self._form(key)
-        if work is not None:
+        for work in self._form(key):
             self._submit(work)
 
     def due(self, now: float) -> tuple[list[Work], float]:
@@ -429,9 +432,7 @@ class PendingSteps:
             for key, group in list(self._groups.items()):
                 at = group.since + self.delay_s
                 if at <= now:
-                    work = self._form(key)
-                    if work is not None:
-                        works.append(work)
+                    works += self._form(key)
                 else:
                     next_due = min(next_due, at)
         return works, next_due
@@ -465,15 +466,25 @@ class PendingSteps:
             return np.broadcast_to(first, (len(items), *first.shape))
         return first[None] if len(items) == 1 else np.stack([it[i] for it in items])
 
-    def _form(self, key: Hashable) -> Work | None:
-        """Group `key` as one WAITING Work (under `lock`); None when all its steps ended."""
+    def _form(self, key: Hashable) -> list[Work]:
+        """Group `key` as one WAITING Work (under `lock`), none when all its steps ended.
+        On the device, steps whose state was lost meanwhile (a re-load) form a Work of
+        their own, which fails alone (`StateLost`)."""
         group = self._groups.pop(key)
         self._pending -= len(group.requests)
         keep = [j for j, r in enumerate(group.requests) if not r.done()]
         if not keep:
-            return None
+            return []
         if len(keep) < len(group.requests):
             group.keep(keep)
+        if self.pool.lost(np.array(group.slots, dtype=np.intp)):
+            lost = self.pool.lost_rows(group.slots)
+            parts = [group.part([j for j, x in enumerate(lost) if x == gone]) for gone in (1, 0)]
+            return [self._work(g) for g in parts if g.requests]
+        return [self._work(group)]
+
+    def _work(self, group: _Group) -> Work:
+        """The Work of a group's steps (under `lock`)."""
         requests = tuple(group.requests)
         slots = np.array(group.slots, dtype=np.intp)
         items = group.items
@@ -528,6 +539,13 @@ class _Group:
         return False
 
     def keep(self, positions: list[int]) -> None:
-        self.requests = [self.requests[j] for j in positions]
-        self.slots = [self.slots[j] for j in positions]
-        self.items = [self.items[j] for j in positions]
+        kept = self.part(positions)
+        self.requests, self.slots, self.items = kept.requests, kept.slots, kept.items
+
+    def part(self, positions: list[int]) -> _Group:
+        """A group of the steps at `positions`, from the same time."""
+        part = _Group(self.since)
+        part.requests = [self.requests[j] for j in positions]
+        part.slots = [self.slots[j] for j in positions]
+        part.items = [self.items[j] for j in positions]
+        return part
