@@ -284,10 +284,9 @@ class OfflineInference:
             pool = steps.pool
             start = 0
             for work in works:  # runs of equal shapes: all of them, for a sequence
-                work.slots = slots[start : start + work.rows]
+                pool.bind(work, slots[start : start + work.rows])
                 start += work.rows
                 if pool.on_device:  # batches only with other steps: outputs not carried
-                    work.state_rows = pool.state_rows(work.slots)
                     work.names = self._model(model).step_names
                     work.batch_key = ("steps", work.batch_key)
                 self._running_engine().submit(work)

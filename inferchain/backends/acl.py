@@ -421,7 +421,8 @@ class AclSession(Session):
         so executions (and their state copies) on the model's sets never overlap."""
         rt, mdl, stream = self._acl.rt, self._acl.mdl, buffer_set.stream
         events = buffer_set.events
-        carried = self._state.inputs if state is not None and self._state is not None else {}
+        device_state = self._state if state is not None else None  # open: _check_state
+        carried = device_state.inputs if device_state is not None else {}
         self._call(rt.record_event(events["start"], stream), "rt.record_event")
         data = [buffer_set.in_slots[i] for i in self._data_index]
         for k, (array, slot) in enumerate(zip(arrays, data, strict=True)):
@@ -439,7 +440,6 @@ class AclSession(Session):
         if previous is not None and previous is not buffer_set:  # one execution at a time
             ret = rt.stream_wait_event(stream, previous.events["computed"])
             self._call(ret, "rt.stream_wait_event")
-        device_state = self._state if carried else None
         if device_state is not None:
             assert state is not None
             for k, c in carried.items():

@@ -309,10 +309,8 @@ class SequenceRunner:
             submitted=time.perf_counter(),
             listener=lambda w: self._landed(cohort, w),
         )
-        work.slots = slots
+        pool.bind(work, slots)
         work.formed = True
-        if pool.on_device:
-            work.state_rows = pool.state_rows(slots)
         return work
 
     def _landed(self, cohort: list[_Live], work: Work) -> None:

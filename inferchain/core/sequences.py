@@ -110,9 +110,10 @@ class StatePool:
         except BaseException:
             self.release(slots)
             raise
-        self._fresh[slots] = True
-        self._read[slots] = slots
-        self._lost[slots] = False
+        if self.on_device:
+            self._fresh[slots] = True
+            self._read[slots] = slots
+            self._lost[slots] = False
         return slots
 
     def try_acquire(
@@ -138,13 +139,15 @@ class StatePool:
             self._read[to] = self._read[source]
             self._lost[to] = self._lost[source]
 
-    def state_rows(self, slots: np.ndarray) -> StateRows:
-        """Where the next step of `slots` reads and writes its state on the device (a step
-        Work forms): after this, those slots are no longer first steps."""
-        rows = StateRows(self._read[slots], slots, self._fresh[slots])
-        self._fresh[slots] = False
-        self._read[slots] = slots
-        return rows
+    def bind(self, work: Work, slots: np.ndarray) -> None:
+        """Make `work` the next step of the sequence rows in `slots` (one per row). On the
+        device it carries where they read and write their state (`StateRows`); after
+        this, those slots are no longer first steps."""
+        work.slots = slots
+        if self.on_device:
+            work.state_rows = StateRows(self._read[slots], slots, self._fresh[slots])
+            self._fresh[slots] = False
+            self._read[slots] = slots
 
     def lose(self) -> None:
         """The device slots were made anew (a re-loaded session, on the worker's thread):
@@ -155,9 +158,9 @@ class StatePool:
         """Some of `slots` lost their state (their next step cannot run)."""
         return self.on_device and bool(self._lost[slots].any())
 
-    def lost_rows(self, slots: Sequence[int]) -> list[int]:
-        """1 for each of `slots` that lost its state, else 0."""
-        return [int(x) for x in self._lost[np.asarray(slots, dtype=np.intp)]]
+    def lost_mask(self, slots: Sequence[int]) -> list[bool]:
+        """Per slot: it lost its state."""
+        return [bool(x) for x in self._lost[np.asarray(slots, dtype=np.intp)]]
 
     def lost_error(self) -> StateLost:
         return StateLost(
@@ -478,7 +481,7 @@ class PendingSteps:
         if len(keep) < len(group.requests):
             group.keep(keep)
         if self.pool.lost(np.array(group.slots, dtype=np.intp)):
-            lost = self.pool.lost_rows(group.slots)
+            lost = self.pool.lost_mask(group.slots)
             parts = [group.part([j for j, x in enumerate(lost) if x == gone]) for gone in (1, 0)]
             return [self._work(g) for g in parts if g.requests]
         return [self._work(group)]
@@ -506,10 +509,8 @@ class PendingSteps:
             on_cancel=self._on_cancel,
             lock=self.lock,
         )
-        work.slots = slots
+        pool.bind(work, slots)
         work.formed = True
-        if pool.on_device:
-            work.state_rows = pool.state_rows(slots)
         self._running += len(requests)
         if self._record is not None:
             self._record(pool.num_live)
