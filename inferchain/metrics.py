@@ -227,7 +227,7 @@ class ModelMetrics:
             self.timeline.append(timing)
             if timing.steps and ok:
                 self.steps += timing.steps
-                self.step_batches += 1
+                self.step_batches += batch.slices[0].work.steps  # model runs (multi-step)
 
     def samples(self) -> dict[str, np.ndarray]:
         """Seconds per stage (`end_to_end` included), the latest samples of each."""

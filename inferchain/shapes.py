@@ -185,6 +185,12 @@ class ShapePolicy:
             ) from e
         return Crop(out, inp, dims)
 
+    @property
+    def settled(self) -> bool:
+        """`key_of` gives the same key for the same shapes from now on (an `auto` policy
+        still sampling shapes is not settled)."""
+        return self.strategy != "auto" or bool(self.buckets)
+
     def group_of(self, key: ShapeKey) -> Hashable:
         """What items of batch key `key` must share to run in one batch: the key itself, or
         for `longest` only the ranks (the batch is padded to its envelope)."""

@@ -127,6 +127,8 @@ class ExecutionEngine:
         self._cancelled: deque[Request | Work] = deque()
         self._wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._wake_pending = False
+        self._in_loop = 0  # the loop thread's ident, once it runs
+        self._woken_in_loop = False  # the loop itself asked for another step
         self._flush = False  # a flush of `batching: fill` models was asked for ...
         self._flush_if_stalled = False  # ... or one only when nothing else can run
         # shared counters, each under its condition
@@ -188,8 +190,12 @@ class ExecutionEngine:
         self.wake()
 
     def wake(self) -> None:
-        """Make the loop run a step soon (any thread; cheap when one is pending)."""
-        if not self._wake_pending:
+        """Make the loop run a step soon (any thread; cheap when one is pending). From the
+        loop's own thread (a listener submitting the next step of a sequence) it only
+        notes it: the step drains the inboxes after that, and the loop looks again."""
+        if threading.get_ident() == self._in_loop:
+            self._woken_in_loop = True
+        elif not self._wake_pending:
             self._wake_pending = True
             self._wakeups.put(None)
 
@@ -365,18 +371,36 @@ class ExecutionEngine:
     # -- the loop -------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        self._in_loop = threading.get_ident()
         timeout: float | None = None
         while True:
-            with contextlib.suppress(queue.Empty):
-                self._wakeups.get(timeout=timeout)
+            if timeout != 0.0:
+                with contextlib.suppress(queue.Empty):
+                    self._wakeups.get(timeout=timeout)
             if self._stopping:
                 return
             try:
                 with self._lock:
                     timeout = self._step(time.perf_counter())
+                    if self._woken_in_loop:
+                        self._woken_in_loop = False
+                        if self._news():
+                            timeout = 0.0
             except Exception:  # a bug here must not strand every request: log and go on
                 log_safely(log.exception, "engine_step_failed")
                 timeout = 0.01
+
+    def _news(self) -> bool:
+        """Something the step just taken may not have seen: an inbox filled after it was
+        drained, a flush, or sequence steps whose window it did not time."""
+        return bool(
+            self._posted
+            or self._submitted
+            or self._cancelled
+            or self._flush
+            or self._flush_if_stalled
+            or any(m.steps is not None and m.steps.num_pending for m in self._models.values())
+        )
 
     def _step(self, now: float) -> float | None:
         """One step; returns how long the loop may sleep (seconds; None = until woken)."""

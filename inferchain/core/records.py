@@ -66,7 +66,7 @@ class BatchTiming:
     end: float  # the result record was posted
     stages: Mapping[str, float] = NO_STAGES  # backend split, e.g. h2d/compute/d2h
     stream: int = 0  # the worker's stream it ran on
-    steps: int = 0  # rows that are sequence steps
+    steps: int = 0  # sequence steps run: rows that are steps, times the steps of a multi-step batch
 
 
 @attrs.frozen(eq=False)

@@ -13,7 +13,7 @@ import heapq
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,8 +22,12 @@ from inferchain.core.request import Request, RequestState
 from inferchain.core.sequences import STEP_COHORTS, StatePool
 from inferchain.core.work import Work
 from inferchain.errors import InvalidInput, RequestError, RequestTimeout
-from inferchain.inputs import InputSpec, batch_key
+from inferchain.inputs import InputSpec
 from inferchain.shapes import ShapePolicy
+
+
+_CARRIED, _SHARED, _FED = "carried", "shared", "fed"  # where a step input comes from
+_KEYS_KEPT = 64  # batch keys a runner remembers (shapes x unbatched values)
 
 
 class Stepper:
@@ -52,10 +56,20 @@ class Stepper:
     `cohorts`: step batches of this stepper's sequences on their way at once. While one is
     on a worker, `take` and `feed` of another run on the host; take more where the host
     step is long next to the model's, or the model has more instances.
+
+    `steps_per_batch` K > 1 (multi-step batches): where the inputs of a sequence's next
+    steps do not depend on the outputs of the previous ones (a stream's next chunks), one
+    batch runs K steps of its sequences on the worker, the state carried from one to the
+    next there, and the host logic runs once per K steps. `feed` then gives each batched
+    input as [len(states) * rows, K, *item] (the K steps of each row; a sequence with
+    fewer steps left pads them with anything of the right shape and ends in this `take`),
+    and `take` gets every output as [len(states) * rows, K, *item]. A cancel or a deadline
+    takes effect between batches, so after at most K steps.
     """
 
     rows: int = 1
     cohorts: int = STEP_COHORTS
+    steps_per_batch: int = 1
 
     def start(self, item: Any) -> Any:
         return item
@@ -118,6 +132,7 @@ class SequenceRunner:
         self.names = names
         self.shapes = shapes
         self.rows = max(1, int(stepper.rows))
+        self.steps = max(1, int(stepper.steps_per_batch))  # steps one batch runs
         self.batch_rows = max(batch_rows, self.rows)
         self.cohorts = max(1, cohorts)
         self._submit = submit
@@ -136,6 +151,16 @@ class SequenceRunner:
         pool.on_release.append(self._slots_freed)
         carried = {i for _, i, _ in pool.carried}
         self._fed = [n for i, n in enumerate(spec.names) if i not in carried]
+        # how `_work` builds each input: from the pool's slots, as the one value of an
+        # unbatched input, or from the rows feed() gave
+        self._plan = tuple(
+            (i, name, _CARRIED if i in carried else _SHARED if i in spec.shared else _FED)
+            for i, name in enumerate(spec.names)
+        )
+        # per unbatched input: the last value feed() gave, that value as rows of a whole
+        # batch (a view) and its part of the batch key
+        self._shared: dict[int, tuple[Any, np.ndarray, Hashable]] = {}
+        self._keys: dict[Hashable, tuple[Any, Hashable]] = {}  # -> (shape key, batch key)
 
     def submit(self, request: Request, item: Any) -> None:
         """A new sequence for `item` (the caller's thread); `request` ends with its result."""
@@ -272,19 +297,29 @@ class SequenceRunner:
     def _work(self, cohort: list[_Live], fed: Mapping[str, np.ndarray]) -> Work:
         spec, pool = self.spec, self.pool
         n = len(cohort) * self.rows
-        missing = [name for name in self._fed if name not in fed]
-        if missing or len(fed) != len(self._fed):
+        if len(fed) != len(self._fed) or any(name not in fed for name in self._fed):
             raise InvalidInput(
                 f"model {pool.model!r}: the stepper's feed() gave {sorted(fed)}; the model's "
                 f"inputs not carried are {self._fed}"
             )
-        slots = np.concatenate([live.slots for live in cohort if live.slots is not None])
-        inputs = []
-        for i, name in enumerate(spec.names):
-            if name in fed and i in spec.shared:  # its one value, seen in every row
-                value = spec.check(i, fed[name])
-                inputs.append(np.broadcast_to(value, (n, *value.shape)))
-            elif name in fed:
+        if len(cohort) == 1 and cohort[0].slots is not None:
+            slots = cohort[0].slots
+        else:
+            slots = np.concatenate([live.slots for live in cohort if live.slots is not None])
+        inputs: list[np.ndarray] = []
+        shared_key: list[Hashable] = []
+        ahead: dict[int, np.ndarray] = {}  # a multi-step batch's fed inputs, every step
+        for i, name, kind in self._plan:
+            if kind is _CARRIED:
+                inputs.append(pool.arrays[i][slots])
+            elif kind is _SHARED:  # its one value, seen in every row
+                rows, key = self._shared_rows(i, fed[name])
+                inputs.append(rows[:n])
+                shared_key.append(key)
+            elif self.steps > 1:
+                ahead[i] = self._steps_of(i, name, np.asarray(fed[name]), n)
+                inputs.append(ahead[i][:, 0])
+            else:
                 block = spec.block(i, np.asarray(fed[name]))
                 if len(block) != n:
                     raise InvalidInput(
@@ -292,18 +327,14 @@ class SequenceRunner:
                         f"{len(block)} rows for {len(cohort)} sequences of {self.rows} rows"
                     )
                 inputs.append(block)
-            else:
-                inputs.append(pool.arrays[i][slots])
         exact = tuple(a.shape[1:] for a in inputs)
-        shape_key = self.shapes.key_of(exact)
-        joins = self.shapes.group_of(shape_key)
-        shared = spec.shared
+        shape_key, key = self._keys_of(exact, tuple(shared_key))
         work = Work(
             self._take_id(),
             pool.model,
             tuple(inputs),
             shape_key=shape_key,
-            batch_key=batch_key(joins, tuple(inputs), shared) if shared else joins,
+            batch_key=key,
             exact=exact,
             names=self.names,
             submitted=time.perf_counter(),
@@ -311,7 +342,48 @@ class SequenceRunner:
         )
         pool.bind(work, slots)
         work.formed = True
+        if self.steps > 1:
+            work.steps, work.ahead = self.steps, ahead
         return work
+
+    def _steps_of(self, i: int, name: str, block: np.ndarray, n: int) -> np.ndarray:
+        """Input `i` of a multi-step batch as feed() gave it, [n, K, *item], checked."""
+        k = self.steps
+        if block.ndim < 2 or block.shape[:2] != (n, k):
+            raise InvalidInput(
+                f"model {self.pool.model!r} input {name!r}: the stepper's feed() gave an "
+                f"array of shape {block.shape}; a batch of {n} rows and {k} steps "
+                f"(steps_per_batch) takes ({n}, {k}, ...)"
+            )
+        flat = self.spec.block(i, block.reshape(n * k, *block.shape[2:]))
+        return flat.reshape(n, k, *flat.shape[1:])
+
+    def _shared_rows(self, i: int, value: Any) -> tuple[np.ndarray, Hashable]:
+        """An unbatched input's one value as the rows of a whole batch (a read-only view),
+        and its part of the batch key; checked once for as long as feed() gives the same
+        array."""
+        known = self._shared.get(i)
+        if known is not None and known[0] is value:
+            return known[1], known[2]
+        checked = self.spec.check(i, value)
+        rows = np.broadcast_to(checked, (self.batch_rows, *checked.shape))
+        key = (checked.shape, checked.tobytes())  # as `shared_values` gives it
+        self._shared[i] = (value, rows, key)
+        return rows, key
+
+    def _keys_of(self, exact: tuple[tuple[int, ...], ...], shared: tuple[Hashable, ...]) -> Any:
+        """The shape key and batch key of a step batch of item shapes `exact` (the
+        unbatched inputs' values `shared`), remembered once the shape policy is settled."""
+        found = self._keys.get((exact, shared))
+        if found is not None:
+            return found
+        shapes = self.shapes
+        shape_key = shapes.key_of(exact)
+        joins = shapes.group_of(shape_key)
+        found = (shape_key, (joins, shared) if self.spec.shared else joins)
+        if shapes.settled and len(self._keys) < _KEYS_KEPT:
+            self._keys[(exact, shared)] = found
+        return found
 
     def _landed(self, cohort: list[_Live], work: Work) -> None:
         """A cohort's step batch has settled (the engine's thread)."""

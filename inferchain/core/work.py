@@ -30,6 +30,7 @@ class Work:
     __slots__ = (
         "_done",
         "admitted",
+        "ahead",
         "batch_key",
         "batched",
         "cancelled",
@@ -55,6 +56,7 @@ class Work:
         "slots",
         "state",
         "state_rows",
+        "steps",
         "submitted",
         "taken",
     )
@@ -109,6 +111,10 @@ class Work:
         self.slots: np.ndarray | None = None  # sequence steps: each row's StatePool slot
         self.state_rows: StateRows | None = None  # ... and their device slots (acl)
         self.formed = False  # a batch already (sequence steps): the batcher sends it at once
+        # a multi-step batch of sequence steps: the steps it runs, and per fed input its rows
+        # for every step ([rows, steps, *item]; `inputs` holds the first step's)
+        self.steps = 1
+        self.ahead: dict[int, np.ndarray] | None = None
         self.settled = 0  # rows that ended (outputs, error, cancelled, timed out)
         self.pieces: list[Piece] = []  # results by row range, for works without requests
         self.cancelled = False  # set by `cancel()` (any thread); rows not taken are dropped
@@ -137,6 +143,7 @@ class Work:
         failed = any(isinstance(p[2], BaseException) for p in self.pieces)
         self.state = RequestState.ERROR if failed else RequestState.DONE
         self.inputs = ()  # free the rows' memory as soon as they are finished
+        self.ahead = None
         self.requests = None  # a request kept by its caller no longer keeps its siblings
         if self._done is not None:
             self._done.release()

@@ -51,6 +51,8 @@ class _InFlight:
     picked: float  # taken from the queue
     run_start: float  # the backend was called
     error: BaseException | None = None  # the launch failed
+    # a multi-step batch, run at collect: its first step's feed and device state rows
+    steps: tuple[list[np.ndarray], StateRows | None] | None = None
 
 
 _RECOVER = object()  # a queue item: re-initialise the session (after an inline failure)
@@ -84,6 +86,14 @@ def _state_rows(batch: Batch) -> StateRows | None:
     return StateRows.join(parts)
 
 
+def _laid_out(rows: np.ndarray, axis: int | None) -> np.ndarray:
+    """Rows (on axis 0) as one contiguous input with them on `axis` (None: an unbatched
+    input's one value, the first row's)."""
+    if axis is None:
+        return rows[0]
+    return np.ascontiguousarray(rows if axis == 0 else np.moveaxis(rows, 0, axis))
+
+
 class ModelWorker:
     """Owns one backend Session, its streams, its buffers and its thread.
 
@@ -113,6 +123,7 @@ class ModelWorker:
         self._queue: queue.SimpleQueue[Batch | _Prepare | object | None] = queue.SimpleQueue()
         self._buffers: HostBuffers | None = None
         self._moved_outputs: tuple[tuple[int, int], ...] = ()  # (output, its batch axis) != 0
+        self._layout: Layout | None = None
         self._shared = False  # the model has unbatched inputs (no warm-up with zeros)
         self._in_flight: deque[_InFlight] = deque()
         self._ready = threading.Event()
@@ -225,6 +236,7 @@ class ModelWorker:
                 f"exceeds the {limit} the loaded model accepts{_on_axes(layout)}"
             )
         self.num_streams = max(1, session.num_streams)
+        self._layout = layout
         self._moved_outputs = layout.moved_outputs
         self._shared = bool(layout.shared)
         pad = self.shapes.pad_values if self.shapes is not None else 0.0
@@ -276,7 +288,9 @@ class ModelWorker:
                 if self.pool.launching(state):
                     raise self.pool.lost_error()
             flight.run_start = time.perf_counter()
-            if state is None:
+            if batch.slices[0].work.steps > 1:  # run step after step at collect
+                flight.steps = (feed, state)
+            elif state is None:
                 session.launch(feed, batch.rows if self._batching else 0, batch.stream)
             else:  # sequence steps whose state is in the session's device slots
                 session.launch(feed, batch.rows, batch.stream, state)
@@ -294,9 +308,12 @@ class ModelWorker:
         if error is None:
             try:
                 assert self.session is not None
-                outputs = self._outputs(self.session.collect(batch.stream), batch.rows)
-                if self.pool is not None and not self.state_on_device:
-                    self.pool.write_back(batch, outputs)
+                if flight.steps is not None:
+                    outputs = self._run_steps(batch, *flight.steps)
+                else:
+                    outputs = self._outputs(self.session.collect(batch.stream), batch.rows)
+                    if self.pool is not None and not self.state_on_device:
+                        self.pool.write_back(batch, outputs)
             except Exception as e:
                 error = e
             except BaseException as e:
@@ -330,6 +347,44 @@ class ModelWorker:
         timing = self._timing(flight, run_end, ok=False)
         return BatchResult(batch, None, error, timing, was_healthy and not self.healthy), crash
 
+    def _run_steps(
+        self, batch: Batch, feed: list[np.ndarray], state: StateRows | None
+    ) -> tuple[np.ndarray, ...]:
+        """Run the K steps of a multi-step batch one after the other (a formed Work, alone
+        in its batch), each step's carried outputs the next one's carried inputs; every
+        output comes back as [rows, K, *item]. The carried state of the last step goes to
+        the pool's slots (or stays in the device slots)."""
+        assert self.session is not None and self.pool is not None and self._layout is not None
+        session, n, stream = self.session, batch.rows, batch.stream
+        s = batch.slices[0]
+        work = s.work
+        assert work.ahead is not None
+        in_axes = self._layout.inputs
+        feed = list(feed)
+        stacked: list[np.ndarray] = []
+        outputs: tuple[np.ndarray, ...] = ()
+        for k in range(work.steps):
+            if k:
+                for i, rows in work.ahead.items():  # this step's rows, in the model's layout
+                    feed[i] = _laid_out(rows[s.start : s.stop, k], in_axes[i])
+                if state is None:  # the state the last step left (its rows first)
+                    for out, i, _ in self.pool.carried:
+                        feed[i] = _laid_out(outputs[out], in_axes[i])
+                else:  # in the device slots now, for every row
+                    state = StateRows(state.write, state.write, np.zeros(n, bool))
+            if state is None:
+                session.launch(feed, n, stream)
+            else:
+                session.launch(feed, n, stream, state)
+            outputs = self._outputs(session.collect(stream), n)
+            if not stacked:
+                stacked = [np.empty((n, work.steps, *o.shape[1:]), o.dtype) for o in outputs]
+            for whole, o in zip(stacked, outputs, strict=True):
+                whole[:, k] = o
+        if state is None:
+            self.pool.write_back(batch, outputs)
+        return tuple(stacked)
+
     def _outputs(self, outputs: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, ...]:
         """The first `n` rows of each output, on axis 0 (a model that does not batch: the
         outputs whole)."""
@@ -360,7 +415,7 @@ class ModelWorker:
             end=time.perf_counter(),
             stages=dict(stages) if stages else NO_STAGES,
             stream=batch.stream,
-            steps=sum(s.rows for s in batch.slices if s.work.slots is not None)
+            steps=sum(s.rows * s.work.steps for s in batch.slices if s.work.slots is not None)
             if self.pool is not None
             else 0,
         )

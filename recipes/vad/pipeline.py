@@ -17,37 +17,57 @@ import numpy as np
 from inferchain import Stepper
 from inferchain.pipeline import Pipeline, Process
 
-from .vad import SAMPLING_RATE, chunk_inputs, read_wav, speech_segments
+from .vad import CHUNK, SAMPLING_RATE, chunk_inputs, num_chunks, read_wav, speech_segments
 
 SR = np.array(SAMPLING_RATE, np.int64)  # a 0-d array: the exact-type fast path
 
 
 class _File:
-    """One file's sequence: its model inputs per chunk and the probabilities so far."""
+    """One file's sequence: its model inputs per chunk (and `ahead - 1` chunks of silence
+    after them, so that every batch can take `ahead` chunks) and the probabilities so far."""
 
     __slots__ = ("inputs", "k", "probs")
 
-    def __init__(self, audio: np.ndarray) -> None:
-        self.inputs = chunk_inputs(audio)  # f32[chunks, 576], a strided view
-        self.probs = np.empty(len(self.inputs), dtype=np.float32)
+    def __init__(self, audio: np.ndarray, ahead: int = 1) -> None:
+        n = num_chunks(audio.size)
+        tail = np.zeros((ahead - 1) * CHUNK, dtype=np.float32)
+        self.inputs = chunk_inputs(np.concatenate([audio, tail]))[: n + ahead - 1]
+        self.probs = np.empty(n, dtype=np.float32)
         self.k = 0  # the next chunk
 
 
 class VadSteps(Stepper):
-    """silero-vad's host logic for every live file of a step batch at once."""
+    """silero-vad's host logic for every live file of a step batch at once.
+
+    A file's next chunks do not depend on the model's outputs, so each batch runs
+    `steps_per_batch` steps of its files on the worker (multi-step batches,
+    docs/sequences.md): this host logic runs once per that many chunks. A file's last
+    batch runs on chunks of silence past its end; their probabilities are dropped.
+    """
+
+    steps_per_batch = 16
+
+    def __init__(self, steps_per_batch: int | None = None) -> None:
+        if steps_per_batch is not None:
+            self.steps_per_batch = steps_per_batch
 
     def start(self, item: np.ndarray) -> _File:
-        return _File(item)
+        return _File(item, self.steps_per_batch)
 
     def feed(self, states: Sequence[_File]) -> Mapping[str, np.ndarray]:
-        return {"input": np.stack([f.inputs[f.k] for f in states]), "sr": SR}
+        k = self.steps_per_batch
+        if k == 1:
+            return {"input": np.stack([f.inputs[f.k] for f in states]), "sr": SR}
+        return {"input": np.stack([f.inputs[f.k : f.k + k] for f in states]), "sr": SR}
 
     def take(self, states: Sequence[_File], outputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        probs = outputs["output"][:, 0].tolist()
+        k = self.steps_per_batch
+        probs = outputs["output"].reshape(len(states), k)
         ended = np.empty(len(states), dtype=bool)
         for i, f in enumerate(states):
-            f.probs[f.k] = probs[i]
-            f.k += 1
+            m = min(k, len(f.probs) - f.k)  # the chunks that are the file's
+            f.probs[f.k : f.k + m] = probs[i, :m]
+            f.k += m
             ended[i] = f.k == len(f.probs)
         return ended
 
