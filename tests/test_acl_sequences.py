@@ -94,6 +94,48 @@ def test_state_stays_on_the_device_between_steps(acc16: Path, no_thread_leak: No
     assert fake.errors == []
 
 
+class AheadSteps(SumSteps):
+    """`k` steps per batch (zeros past a sequence's end); counts the rows it feeds."""
+
+    steps_per_batch = 3
+
+    def __init__(self) -> None:
+        self.rows_fed = 0
+
+    def feed(self, states: Sequence[dict[str, Any]]) -> Mapping[str, np.ndarray]:
+        k = self.steps_per_batch
+        x = np.zeros((len(states), k, W), np.float32)
+        for j, s in enumerate(states):
+            part = s["xs"][s["k"] : s["k"] + k]
+            x[j, : len(part)] = part
+        self.rows_fed += len(states) * k
+        return {"x": x}
+
+    def take(self, states: Sequence[dict[str, Any]], outputs: Mapping[str, np.ndarray]) -> Any:
+        assert set(outputs) == {"total"}  # the state stayed on the device, every step
+        k = self.steps_per_batch
+        for s, totals in zip(states, outputs["total"], strict=True):
+            m = min(k, len(s["xs"]) - s["k"])
+            s["totals"] += [t.copy() for t in totals[:m]]
+            s["k"] += m
+        return [s["k"] == len(s["xs"]) for s in states]
+
+
+def test_multi_step_batches_keep_the_state_on_the_device(acc16: Path) -> None:
+    fake = FakeAcl(static_batch=BATCH)
+    xs = items(20, seed=4)
+    stepper = AheadSteps()
+    with ic.OfflineInference(acc(acc16), acl_module=fake) as oi:
+        got = [r.result() for r in [oi.run_sequence("acc", stepper, x) for x in xs]]
+        executions = len(fake.executions)
+    for x, totals in zip(xs, got, strict=True):
+        np.testing.assert_array_equal(totals, np.cumsum(x, axis=0, dtype=np.float32))
+    copies = fake.copies()
+    assert copies["d2h"] == (executions, stepper.rows_fed * ROW)  # each step's `total` only
+    assert copies["h2d"][1] == stepper.rows_fed * ROW + len(xs) * ROW  # `x`, each start once
+    assert fake.errors == []
+
+
 def script(oi: ic.OfflineInference) -> list[dict[str, np.ndarray]]:
     """Sequences stepped from Python: an initial state, rows, a reorder (beam-like)."""
     rng = np.random.default_rng(1)

@@ -202,6 +202,67 @@ def test_a_bad_feed_is_an_error_naming_the_inputs(acc_path: Path) -> None:
         oi.run_sequence("acc", Bad(), np.ones((2, 1, W), np.float32)).result(timeout=10)
 
 
+class AheadSteps(ic.Stepper):
+    """SumSteps with `k` steps per batch: feeds each sequence's next k rows (zeros past its
+    end) and keeps the totals of its own steps."""
+
+    def __init__(self, k: int) -> None:
+        self.steps_per_batch = k
+        self.shapes: list[tuple[tuple[int, ...], ...]] = []  # per take: its outputs' shapes
+
+    def start(self, item: np.ndarray) -> Sums:
+        return Sums(item)
+
+    def feed(self, states: Sequence[Sums]) -> Mapping[str, np.ndarray]:
+        k = self.steps_per_batch
+        x = np.zeros((len(states), k, W), np.float32)
+        for j, s in enumerate(states):
+            part = s.xs[s.k : s.k + k, 0]
+            x[j, : len(part)] = part
+        return {"x": x}
+
+    def take(self, states: Sequence[Sums], outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        k = self.steps_per_batch
+        self.shapes.append((outputs["total"].shape, outputs["stateN"].shape))
+        for s, totals in zip(states, outputs["total"], strict=True):
+            m = min(k, len(s.xs) - s.k)
+            s.totals += [t[None].copy() for t in totals[:m]]
+            s.k += m
+        return np.array([s.k == len(s.xs) for s in states])
+
+    def result(self, state: Sums) -> np.ndarray:
+        return np.stack(state.totals)
+
+
+def test_a_multi_step_batch_runs_k_steps_with_the_state_carried_between_them(
+    acc_path: Path,
+) -> None:
+    xs = sequences(20, seed=5)
+    stepper = AheadSteps(3)
+    with ic.OfflineInference(acc_recipe(acc_path)) as oi:
+        outs = [r.result(timeout=10) for r in [oi.run_sequence("acc", stepper, x) for x in xs]]
+        stats = oi.stats().models["acc"].sequences
+    for x, out in zip(xs, outs, strict=True):
+        np.testing.assert_allclose(out, np.cumsum(x, axis=0), rtol=1e-5)
+    assert all(total[1:] == state[1:] == (3, W) for total, state in stepper.shapes)
+    steps = sum(len(x) for x in xs)
+    assert len(stepper.shapes) < steps / 2  # one host call per 3 steps of a cohort
+    assert stats is not None and stats.steps >= steps  # the padded steps ran too
+
+
+def test_a_multi_step_feed_of_the_wrong_shape_fails_its_sequences_alone(acc_path: Path) -> None:
+    class Flat(AheadSteps):
+        def feed(self, states: Sequence[Sums]) -> Mapping[str, np.ndarray]:
+            return {"x": np.zeros((len(states), W), np.float32)}  # no step axis
+
+    with ic.OfflineInference(acc_recipe(acc_path)) as oi:
+        bad = oi.run_sequence("acc", Flat(2), np.ones((4, 1, W), np.float32))
+        good = oi.run_sequence("acc", AheadSteps(2), np.ones((5, 1, W), np.float32))
+        with pytest.raises(ic.InvalidInput, match=r"input 'x'.*\(1, 4\).*\(1, 2, \.\.\.\)"):
+            bad.result(timeout=10)
+        np.testing.assert_allclose(good.result(timeout=10)[-1], 5.0)
+
+
 def test_close_ends_every_sequence(acc_path: Path) -> None:
     oi = ic.OfflineInference(acc_recipe(acc_path, max_sequences=1)).init()
     stepper = SumSteps()

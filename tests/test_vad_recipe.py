@@ -145,12 +145,17 @@ def test_the_recipe_gives_the_package_segments(
     with ic.OfflineInference(ic.load_recipe(RECIPE)) as oi:
         got = list(oi.run([*audios, np.zeros(0, np.float32)]))  # the host steps of all files
         sizes = oi.stats().models["vad"].batch_sizes
-        stepwise = _import_recipe_module(RECIPE, "pipeline").StepwisePipeline(oi)
-        oi._pipeline = stepwise  # the same recipe, a generator per file
+        pipeline = _import_recipe_module(RECIPE, "pipeline")
+        one = pipeline.VadSteps(steps_per_batch=1)  # one chunk per batch, not 16
+        probs = [oi.run_sequence("vad", one, a).result(timeout=60) for a in audios[8:12]]
+        oi._pipeline = pipeline.StepwisePipeline(oi)  # the same recipe, a generator per file
         got_stepwise = list(oi.run(audios[:8]))
+    assert pipeline.VadSteps.steps_per_batch > 1
     assert got == [*expected, []]
     assert max(sizes) > 1  # the steps of several files shared batches
     assert got_stepwise == expected[:8]
+    one_step = [vad.speech_segments(p, a.size) for p, a in zip(probs, audios[8:12], strict=True)]
+    assert one_step == expected[8:12]
 
 
 def test_the_recipe_runs_from_the_command_line(samples: list[Path], tmp_path: Path) -> None:

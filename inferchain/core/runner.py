@@ -25,7 +25,6 @@ from inferchain.errors import InvalidInput, RequestError, RequestTimeout
 from inferchain.inputs import InputSpec
 from inferchain.shapes import ShapePolicy
 
-
 _CARRIED, _SHARED, _FED = "carried", "shared", "fed"  # where a step input comes from
 _KEYS_KEPT = 64  # batch keys a runner remembers (shapes x unbatched values)
 

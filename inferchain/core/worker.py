@@ -24,7 +24,7 @@ from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
 from inferchain.core.sequences import StatePool
 from inferchain.errors import BackendError, ConfigError, InferchainError, LoadError, StateLost
-from inferchain.layout import Layout, rows_first
+from inferchain.layout import Axis, Layout, rows_first
 from inferchain.logs import get_logger, log_safely
 from inferchain.shapes import ShapePolicy
 
@@ -86,11 +86,9 @@ def _state_rows(batch: Batch) -> StateRows | None:
     return StateRows.join(parts)
 
 
-def _laid_out(rows: np.ndarray, axis: int | None) -> np.ndarray:
-    """Rows (on axis 0) as one contiguous input with them on `axis` (None: an unbatched
-    input's one value, the first row's)."""
-    if axis is None:
-        return rows[0]
+def _laid_out(rows: np.ndarray, axis: Axis) -> np.ndarray:
+    """Rows (on axis 0) as one contiguous input with them on `axis` (a batched input's)."""
+    assert axis is not None
     return np.ascontiguousarray(rows if axis == 0 else np.moveaxis(rows, 0, axis))
 
 
