@@ -7,7 +7,8 @@ Sides, interleaved (A B C ...) after a warm-up round, on the same files:
                 over every live file, state pool gathered/scattered with numpy; 1 thread
   ideal_2thread the same loop with 2 intra-op threads (the machine's cores)
   inferchain    the recipe (recipes/vad): one sequence per file, steps of many files
-                batched together (`oi.run(audios)`), the same one-thread session options
+                batched together, 16 chunks per batch (`oi.run(audios)`), the same
+                one-thread session options
 Targets: inferchain >= 3x the package, within 1.3x of the ideal loop. Every side's segments
 must be identical to the package's.
 Run: `python benchmarks/bench_vad.py [--quick]`; writes benchmarks/results/bench_vad.json.
