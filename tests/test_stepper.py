@@ -34,6 +34,7 @@ class Sums:
         self.xs = xs  # f32[steps, rows, W]
         self.k = 0
         self.totals: list[np.ndarray] = []
+        self.batches = 0  # take() calls that had this sequence (AheadSteps)
 
 
 class SumSteps(ic.Stepper):
@@ -209,9 +210,11 @@ class AheadSteps(ic.Stepper):
     def __init__(self, k: int) -> None:
         self.steps_per_batch = k
         self.shapes: list[tuple[tuple[int, ...], ...]] = []  # per take: its outputs' shapes
+        self.started: dict[int, Sums] = {}  # id of each item -> its state
 
     def start(self, item: np.ndarray) -> Sums:
-        return Sums(item)
+        state = self.started[id(item)] = Sums(item)
+        return state
 
     def feed(self, states: Sequence[Sums]) -> Mapping[str, np.ndarray]:
         k = self.steps_per_batch
@@ -225,6 +228,7 @@ class AheadSteps(ic.Stepper):
         k = self.steps_per_batch
         self.shapes.append((outputs["total"].shape, outputs["stateN"].shape))
         for s, totals in zip(states, outputs["total"], strict=True):
+            s.batches += 1
             m = min(k, len(s.xs) - s.k)
             s.totals += [t[None].copy() for t in totals[:m]]
             s.k += m
@@ -240,17 +244,82 @@ def test_a_multi_step_batch_runs_k_steps_with_the_state_carried_between_them(
     xs = sequences(20, seed=5)
     stepper = AheadSteps(3)
     with ic.OfflineInference(acc_recipe(acc_path)) as oi:
-        outs = [r.result(timeout=10) for r in [oi.run_sequence("acc", stepper, x) for x in xs]]
+        reqs = [oi.run_sequence("acc", stepper, x) for x in xs]
+        states = [stepper.started[id(x)] for x in xs]
+        outs = [r.result(timeout=10) for r in reqs]
         stats = oi.stats().models["acc"].sequences
     for x, out in zip(xs, outs, strict=True):
         np.testing.assert_allclose(out, np.cumsum(x, axis=0), rtol=1e-5)
     assert all(total[1:] == state[1:] == (3, W) for total, state in stepper.shapes)
-    steps = sum(len(x) for x in xs)
-    assert len(stepper.shapes) < steps / 2  # one host call per 3 steps of a cohort
-    assert stats is not None and stats.steps >= steps  # the padded steps ran too
+    # one host call per 3 steps of each sequence (its last batch padded)
+    assert [s.batches for s in states] == [-(-len(x) // 3) for x in xs]
+    assert stats is not None and stats.steps == 3 * sum(s.batches for s in states)
 
 
-def test_a_multi_step_feed_of_the_wrong_shape_fails_its_sequences_alone(acc_path: Path) -> None:
+def test_multi_step_batches_carry_state_on_its_batch_axis_with_a_fixed_batch(
+    tmp_path: Path,
+) -> None:
+    """write_stateful: state [2, N, H] (rows on axis 1), `gain` one scalar per batch, a model
+    compiled for a batch of 8 (rows padded); each batch sets `gain` in place."""
+    from inferchain.testing.onnx_models import write_stateful
+
+    path = write_stateful(tmp_path / "stateful.onnx", hidden=3, batch=8)
+    k = 4
+    gains: list[float] = []  # per batch of this single sequence
+
+    class Gained(ic.Stepper):
+        steps_per_batch = k
+
+        def __init__(self) -> None:
+            self.gain = np.zeros((), np.float16)  # cast to the model's float32
+
+        def start(self, item: np.ndarray) -> dict[str, Any]:
+            return {"xs": item, "k": 0, "ys": []}
+
+        def feed(self, states: Sequence[dict[str, Any]]) -> Mapping[str, np.ndarray]:
+            self.gain[...] = 0.5 + len(gains)
+            gains.append(float(self.gain))
+            x = np.stack([s["xs"][s["k"] : s["k"] + k] for s in states])
+            return {"x": x, "gain": self.gain}
+
+        def take(self, states: Sequence[dict[str, Any]], outputs: Mapping[str, Any]) -> Any:
+            assert outputs["stateN"].shape == (len(states), k, 2, 3)  # rows first
+            for s, y in zip(states, outputs["y"], strict=True):
+                s["ys"] += list(y)
+                s["k"] += k
+            return [s["k"] >= len(s["xs"]) for s in states]
+
+        def result(self, state: dict[str, Any]) -> np.ndarray:
+            return np.stack(state["ys"])
+
+    xs = np.random.default_rng(6).standard_normal((3 * k, 3)).astype(np.float32)
+    model = {"inputs": {"state": {"batch_axis": 1}, "gain": {"batched": False}}}
+    with ic.OfflineInference(
+        conftest.recipe(
+            {
+                "name": "s",
+                "path": str(path),
+                "max_batch_size": 8,
+                "state": {"stateN": "state"},
+                "max_sequences": 2,
+                "warmup": False,
+                **model,
+            }
+        )
+    ) as oi:
+        got = oi.run_sequence("s", Gained(), xs).result(timeout=10)
+    state = np.zeros((2, 3), np.float32)
+    expected = []
+    for j, x in enumerate(xs):
+        state = state * np.float32(gains[j // k]) + x
+        expected.append(state.mean(axis=0))
+    assert gains == [0.5, 1.5, 2.5]
+    np.testing.assert_allclose(got, np.stack(expected), rtol=1e-5)
+
+
+def test_a_multi_step_feed_without_the_step_axis_names_it_and_the_rest_go_on(
+    acc_path: Path,
+) -> None:
     class Flat(AheadSteps):
         def feed(self, states: Sequence[Sums]) -> Mapping[str, np.ndarray]:
             return {"x": np.zeros((len(states), W), np.float32)}  # no step axis
@@ -261,6 +330,23 @@ def test_a_multi_step_feed_of_the_wrong_shape_fails_its_sequences_alone(acc_path
         with pytest.raises(ic.InvalidInput, match=r"input 'x'.*\(1, 4\).*\(1, 2, \.\.\.\)"):
             bad.result(timeout=10)
         np.testing.assert_allclose(good.result(timeout=10)[-1], 5.0)
+
+
+def test_multi_step_rows_that_a_shapes_policy_would_pad_are_refused(tmp_path: Path) -> None:
+    from inferchain.testing.onnx_models import write_accumulator
+
+    path = write_accumulator(tmp_path / "tagged.onnx", width=W, tagged=True)
+    shapes = {"strategy": "buckets", "buckets": [[[W], [W], [8]]]}
+
+    class Tagged(AheadSteps):
+        def feed(self, states: Sequence[Sums]) -> Mapping[str, np.ndarray]:
+            n, k = len(states), self.steps_per_batch
+            return {**super().feed(states), "tag": np.zeros((n, k, 5), np.float32)}
+
+    with ic.OfflineInference(acc_recipe(path, shapes=shapes)) as oi:
+        ahead = oi.run_sequence("acc", Tagged(2), np.ones((4, 1, W), np.float32))
+        with pytest.raises(ic.InvalidInput, match=r"padded to \[\(4,\), \(4,\), \(8,\)\]"):
+            ahead.result(timeout=10)
 
 
 def test_close_ends_every_sequence(acc_path: Path) -> None:

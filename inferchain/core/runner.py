@@ -60,8 +60,9 @@ class Stepper:
     steps do not depend on the outputs of the previous ones (a stream's next chunks), one
     batch runs K steps of its sequences on the worker, the state carried from one to the
     next there, and the host logic runs once per K steps. `feed` then gives each batched
-    input as [len(states) * rows, K, *item] (the K steps of each row; a sequence with
-    fewer steps left pads them with anything of the right shape and ends in this `take`),
+    input as [len(states) * rows, K, *item] (the K steps of each row, at the shape the
+    model runs them; a sequence with fewer steps left pads them with any values the model
+    accepts and ends in this `take`),
     and `take` gets every output as [len(states) * rows, K, *item]. A cancel or a deadline
     takes effect between batches, so after at most K steps.
     """
@@ -158,7 +159,7 @@ class SequenceRunner:
         )
         # per unbatched input: the last value feed() gave, that value as rows of a whole
         # batch (a view) and its part of the batch key
-        self._shared: dict[int, tuple[Any, np.ndarray, Hashable]] = {}
+        self._shared: dict[int, tuple[Any, bytes | None, np.ndarray, Hashable]] = {}
         self._keys: dict[Hashable, tuple[Any, Hashable]] = {}  # -> (shape key, batch key)
 
     def submit(self, request: Request, item: Any) -> None:
@@ -328,6 +329,13 @@ class SequenceRunner:
                 inputs.append(block)
         exact = tuple(a.shape[1:] for a in inputs)
         shape_key, key = self._keys_of(exact, tuple(shared_key))
+        if self.steps > 1 and shape_key != exact:
+            raise InvalidInput(
+                f"model {pool.model!r}: a multi-step batch (steps_per_batch {self.steps}) "
+                f"runs its rows at their own shapes, and rows of shapes {list(exact)} would "
+                f"be padded to {list(shape_key)} (the model's shapes policy); feed them at "
+                "that shape"
+            )
         work = Work(
             self._take_id(),
             pool.model,
@@ -343,6 +351,7 @@ class SequenceRunner:
         work.formed = True
         if self.steps > 1:
             work.steps, work.ahead = self.steps, ahead
+            work.nbytes += sum(a.nbytes - inputs[i].nbytes for i, a in ahead.items())
         return work
 
     def _steps_of(self, i: int, name: str, block: np.ndarray, n: int) -> np.ndarray:
@@ -360,14 +369,16 @@ class SequenceRunner:
     def _shared_rows(self, i: int, value: Any) -> tuple[np.ndarray, Hashable]:
         """An unbatched input's one value as the rows of a whole batch (a read-only view),
         and its part of the batch key; checked once for as long as feed() gives the same
-        array."""
+        array with the same contents (or the same number)."""
+        raw = value.tobytes() if isinstance(value, np.ndarray) else None
         known = self._shared.get(i)
-        if known is not None and known[0] is value:
-            return known[1], known[2]
+        if known is not None and known[0] is value and known[1] == raw:
+            return known[2], known[3]
         checked = self.spec.check(i, value)
         rows = np.broadcast_to(checked, (self.batch_rows, *checked.shape))
         key = (checked.shape, checked.tobytes())  # as `shared_values` gives it
-        self._shared[i] = (value, rows, key)
+        if raw is not None or isinstance(value, int | float | bool | np.generic):
+            self._shared[i] = (value, raw, rows, key)
         return rows, key
 
     def _keys_of(self, exact: tuple[tuple[int, ...], ...], shared: tuple[Hashable, ...]) -> Any:

@@ -371,7 +371,7 @@ class ModelWorker:
                 else:  # in the device slots now, for every row
                     state = StateRows(state.write, state.write, np.zeros(n, bool))
             if state is None:
-                session.launch(feed, n, stream)
+                session.launch(feed, n if self._batching else 0, stream)
             else:
                 session.launch(feed, n, stream, state)
             outputs = self._outputs(session.collect(stream), n)

@@ -178,21 +178,22 @@ def write_image_model(path: str | Path, *, channels: int = 3, batch: int | None 
     return out
 
 
-def write_accumulator(path: str | Path, *, width: int = 4) -> Path:
+def write_accumulator(path: str | Path, *, width: int = 4, tagged: bool = False) -> Path:
     """A stateful model for sequence tests: its state is the running sum of its inputs.
 
     Inputs ``x`` and ``state`` float32 [N, width]. Outputs ``total`` = x + state and
-    ``stateN`` (the same values, carried to the next step as ``state``).
+    ``stateN`` (the same values, carried to the next step as ``state``). With `tagged`, one
+    more input ``tag`` float32 [N, L] of a dynamic width, passed through as ``tag_out``.
     """
     f32 = np.dtype(np.float32)
     nodes = [_node("Add", ["x", "state"], ["total"]), _node("Identity", ["total"], ["stateN"])]
-    data = _model(
-        nodes,
-        [],
-        [_value_info("x", f32, ["N", width]), _value_info("state", f32, ["N", width])],
-        [_value_info("total", f32, ["N", width]), _value_info("stateN", f32, ["N", width])],
-        "accumulator",
-    )
+    inputs = [_value_info("x", f32, ["N", width]), _value_info("state", f32, ["N", width])]
+    outputs = [_value_info("total", f32, ["N", width]), _value_info("stateN", f32, ["N", width])]
+    if tagged:
+        nodes.append(_node("Identity", ["tag"], ["tag_out"]))
+        inputs.append(_value_info("tag", f32, ["N", "L"]))
+        outputs.append(_value_info("tag_out", f32, ["N", "L"]))
+    data = _model(nodes, [], inputs, outputs, "accumulator")
     out = Path(path)
     out.write_bytes(data)
     return out
