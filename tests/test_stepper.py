@@ -207,8 +207,9 @@ class AheadSteps(ic.Stepper):
     """SumSteps with `k` steps per batch: feeds each sequence's next k rows (zeros past its
     end) and keeps the totals of its own steps."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, rows: int = 1) -> None:
         self.steps_per_batch = k
+        self.rows = rows
         self.shapes: list[tuple[tuple[int, ...], ...]] = []  # per take: its outputs' shapes
         self.started: dict[int, Sums] = {}  # id of each item -> its state
 
@@ -217,20 +218,21 @@ class AheadSteps(ic.Stepper):
         return state
 
     def feed(self, states: Sequence[Sums]) -> Mapping[str, np.ndarray]:
-        k = self.steps_per_batch
-        x = np.zeros((len(states), k, W), np.float32)
+        k, rows = self.steps_per_batch, self.rows
+        x = np.zeros((len(states), rows, k, W), np.float32)
         for j, s in enumerate(states):
-            part = s.xs[s.k : s.k + k, 0]
-            x[j, : len(part)] = part
-        return {"x": x}
+            part = s.xs[s.k : s.k + k]  # [steps, rows, W]
+            x[j, :, : len(part)] = part.transpose(1, 0, 2)
+        return {"x": x.reshape(len(states) * rows, k, W)}
 
     def take(self, states: Sequence[Sums], outputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        k = self.steps_per_batch
+        k, rows = self.steps_per_batch, self.rows
         self.shapes.append((outputs["total"].shape, outputs["stateN"].shape))
-        for s, totals in zip(states, outputs["total"], strict=True):
+        totals = outputs["total"].reshape(len(states), rows, k, W)
+        for s, t in zip(states, totals, strict=True):
             s.batches += 1
             m = min(k, len(s.xs) - s.k)
-            s.totals += [t[None].copy() for t in totals[:m]]
+            s.totals += [t[:, j].copy() for j in range(m)]
             s.k += m
         return np.array([s.k == len(s.xs) for s in states])
 
@@ -363,17 +365,19 @@ def test_close_ends_every_sequence(acc_path: Path) -> None:
     rows=st.sampled_from([1, 2]),
     cancel=st.sets(st.integers(0, 13), max_size=4),
     slots=st.integers(2, 6),
+    ahead=st.sampled_from([1, 1, 3]),
 )
 def test_every_sequence_ends_once_with_its_own_sums(
-    acc_path: Path, lengths: list[int], rows: int, cancel: set[int], slots: int
+    acc_path: Path, lengths: list[int], rows: int, cancel: set[int], slots: int, ahead: int
 ) -> None:
-    """Any mix of lengths, rows and cancels: each request ends exactly once; the ones not
-    cancelled hold their own running sums (no state of another sequence leaks in)."""
+    """Any mix of lengths, rows, cancels and steps per batch: each request ends exactly
+    once; the ones not cancelled hold their own running sums (no state of another sequence
+    leaks in)."""
     rng = np.random.default_rng(len(lengths))
     xs = [rng.standard_normal((n, rows, W)).astype(np.float32) for n in lengths]
     ends: dict[int, int] = {}
     with ic.OfflineInference(acc_recipe(acc_path, max_sequences=max(slots, rows))) as oi:
-        stepper = SumSteps(rows=rows)
+        stepper = SumSteps(rows=rows) if ahead == 1 else AheadSteps(ahead, rows=rows)
         reqs = [oi.run_sequence("acc", stepper, x) for x in xs]
         for r in reqs:
             r.add_done_listener(lambda r: ends.__setitem__(r.id, ends.get(r.id, 0) + 1))
