@@ -59,19 +59,27 @@ class BeamSteps(Stepper):
 
     def feed(self, states: Sequence[_Unit]) -> Mapping[str, np.ndarray]:
         """Each beam's last token; `memory` and `src_mask` padded to the longest unit of the
-        batch (zeros, masked: the decoder's outputs do not change)."""
+        batch (zeros, masked: the decoder's outputs do not change). The units of one
+        encoder batch share a width: each width's units are copied in at once."""
         k, n = self.rows, len(states)
-        width = max(u.memory.shape[0] for u in states)
+        by_width: dict[int, list[int]] = {}
+        for i, u in enumerate(states):
+            by_width.setdefault(u.memory.shape[0], []).append(i)
+        width = max(by_width)
         memory = np.empty((n, k, width, states[0].memory.shape[1]), dtype=np.float32)
         mask = np.empty((n, k, width), dtype=bool)
-        for i, u in enumerate(states):
-            s = u.memory.shape[0]
-            memory[i, :, :s] = u.memory
-            mask[i, :, :s] = u.mask
-            if s < width:  # only the padding is written twice
-                memory[i, :, s:] = 0
-                mask[i, :, s:] = True
-        prefix = np.stack([u.last for u in states]).reshape(n * k, 1)
+        for s, group in by_width.items():
+            if len(group) == n:  # one width: every unit, no padding
+                memory[:] = np.array([u.memory for u in states])[:, None]
+                mask[:] = np.array([u.mask for u in states])[:, None]
+                break
+            rows = np.array(group)  # each beam of these units: their rows, then the padding
+            memory[rows, :, :s] = np.array([states[i].memory for i in group])[:, None]
+            mask[rows, :, :s] = np.array([states[i].mask for i in group])[:, None]
+            if s < width:
+                memory[rows, :, s:] = 0
+                mask[rows, :, s:] = True
+        prefix = np.array([u.last for u in states]).reshape(n * k, 1)
         return {
             "prefix": prefix,
             "memory": memory.reshape(n * k, width, -1),
@@ -82,24 +90,27 @@ class BeamSteps(Stepper):
         self, states: Sequence[_Unit], outputs: Mapping[str, np.ndarray]
     ) -> tuple[np.ndarray, np.ndarray]:
         spec = self.spec
+        n = len(states)
+        steps = np.array([u.t for u in states])
         scores, finished, lengths, beam, token = advance(
-            np.stack([u.scores for u in states]),
-            np.stack([u.finished for u in states]),
-            np.stack([u.lengths for u in states]),
-            np.array([u.t == 0 for u in states]),
+            np.array([u.scores for u in states]),
+            np.array([u.finished for u in states]),
+            np.array([u.lengths for u in states]),
+            steps == 0,
             outputs["logprobs"],
             spec.vocab.pad_id,
             spec.vocab.eos_id,
         )
-        ended = finished.all(axis=1)
-        for i, u in enumerate(states):
-            t = u.t
-            u.tokens[:, : t + 1] = u.tokens[beam[i], : t + 1]
-            u.tokens[:, t] = token[i]
-            u.scores, u.finished, u.lengths, u.last = scores[i], finished[i], lengths[i], token[i]
-            u.t = t + 1
-            if u.t == spec.max_len:
-                ended[i] = True
+        # every unit's tokens reordered by its beams (past its step every beam holds zeros:
+        # reordering whole rows is the same), then this step's token appended
+        tokens = np.array([u.tokens for u in states])[np.arange(n)[:, None], beam]
+        tokens[np.arange(n), :, steps] = token
+        for u, tk, sc, fi, le, to in zip(
+            states, tokens, scores, finished, lengths, token, strict=True
+        ):
+            u.tokens, u.scores, u.finished, u.lengths, u.last = tk, sc, fi, le, to
+            u.t += 1
+        ended = finished.all(axis=1) | (steps + 1 == spec.max_len)
         return ended, beam
 
     def result(self, state: _Unit) -> Hypotheses:
