@@ -204,8 +204,8 @@ def test_a_bad_feed_is_an_error_naming_the_inputs(acc_path: Path) -> None:
 
 
 class AheadSteps(ic.Stepper):
-    """SumSteps with `k` steps per batch: feeds each sequence's next k rows (zeros past its
-    end) and keeps the totals of its own steps."""
+    """SumSteps with `k` steps per batch: feeds each sequence's next k steps (zeros past
+    its end) and keeps the totals of its own steps."""
 
     def __init__(self, k: int, rows: int = 1) -> None:
         self.steps_per_batch = k
@@ -240,11 +240,12 @@ class AheadSteps(ic.Stepper):
         return np.stack(state.totals)
 
 
+@pytest.mark.parametrize("rows", [1, 2])
 def test_a_multi_step_batch_runs_k_steps_with_the_state_carried_between_them(
-    acc_path: Path,
+    acc_path: Path, rows: int
 ) -> None:
-    xs = sequences(20, seed=5)
-    stepper = AheadSteps(3)
+    xs = sequences(20, seed=5, rows=rows)
+    stepper = AheadSteps(3, rows=rows)
     with ic.OfflineInference(acc_recipe(acc_path)) as oi:
         reqs = [oi.run_sequence("acc", stepper, x) for x in xs]
         states = [stepper.started[id(x)] for x in xs]
@@ -255,7 +256,7 @@ def test_a_multi_step_batch_runs_k_steps_with_the_state_carried_between_them(
     assert all(total[1:] == state[1:] == (3, W) for total, state in stepper.shapes)
     # one host call per 3 steps of each sequence (its last batch padded)
     assert [s.batches for s in states] == [-(-len(x) // 3) for x in xs]
-    assert stats is not None and stats.steps == 3 * sum(s.batches for s in states)
+    assert stats is not None and stats.steps == 3 * rows * sum(s.batches for s in states)
 
 
 def test_multi_step_batches_carry_state_on_its_batch_axis_with_a_fixed_batch(
