@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -251,22 +251,24 @@ def runs(items: Sequence[Item], shared: Sequence[int] = ()) -> list[tuple[int, i
     return out
 
 
-SharedValues = tuple[tuple[tuple[int, ...], bytes], ...]  # (shape, bytes) per unbatched input
+SharedValue = tuple[tuple[int, ...], bytes]  # an unbatched input's value: shape, bytes
+SharedValues = tuple[SharedValue, ...]
+
+
+def shared_value(value: np.ndarray) -> SharedValue:
+    """One unbatched input's value in a form that compares and hashes."""
+    return (value.shape, value.tobytes())
 
 
 def shared_values(item: Item, shared: Sequence[int]) -> SharedValues:
-    """The values of an item's unbatched inputs (at the indices `shared`), in a form that
-    compares and hashes: each one's shape and bytes."""
-    return tuple((item[i].shape, item[i].tobytes()) for i in shared)
+    """The values of an item's unbatched inputs (at the indices `shared`)."""
+    return tuple(shared_value(item[i]) for i in shared)
 
 
-def batch_key(group: Hashable, rows: Item, shared: Sequence[int]) -> Hashable:
-    """What rows must share to run in one batch: their shape group (`ShapePolicy.group_of`)
-    and, where the model has unbatched inputs, the values of those (each equal in every row
-    of `rows`)."""
-    if not shared:
-        return group
-    return (group, shared_values(tuple(a[0] for a in rows), shared))
+def rows_shared_values(rows: Item, shared: Sequence[int]) -> SharedValues | None:
+    """The values of the unbatched inputs of rows stacked for one batch (equal in every
+    row), for `ShapePolicy.keys`; None for a model without such inputs."""
+    return shared_values(tuple(a[0] for a in rows), shared) if shared else None
 
 
 def stack(items: Sequence[Item], shared: Sequence[int] = ()) -> Item:

@@ -25,7 +25,7 @@ from inferchain.core.runner import SequenceRunner, Stepper
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.work import Work
 from inferchain.errors import Closed, ConfigError, InvalidInput
-from inferchain.inputs import Item, batch_key, runs, stack
+from inferchain.inputs import Item, rows_shared_values, runs, stack
 from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
@@ -533,8 +533,10 @@ class OfflineInference:
             exact = (
                 tuple(a.shape[1:] for a in inputs) if batched else tuple(a.shape for a in inputs)
             )
-            key = loaded.shapes.key_of(exact) if batched else exact
-            group = loaded.shapes.group_of(key) if batched else key
+            if batched:
+                key, joins = loaded.shapes.keys(exact, rows_shared_values(inputs, spec.shared))
+            else:
+                key = joins = exact
             rows = len(inputs[0]) if batched else 1
             first = self._take_ids(rows if per_item else 1)
             work = Work(
@@ -542,7 +544,7 @@ class OfflineInference:
                 model,
                 inputs,
                 shape_key=key,
-                batch_key=batch_key(group, inputs, spec.shared) if spec.shared else group,
+                batch_key=joins,
                 exact=exact,
                 names=names,
                 submitted=now,

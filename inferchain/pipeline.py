@@ -275,6 +275,9 @@ class PipelineDriver:
 
 
 def _flush(oi: OfflineInference) -> Callable[[bool, bool], None]:
+    if not any(m.batching == "fill" for m in oi.recipe.models):
+        return lambda ended, full: None  # no partial batches that wait for a flush
+
     def on_idle(ended: bool, full: bool) -> None:
         if ended or full:
             oi.flush(steps=False, batches=True if ended else "if_stalled")

@@ -7,6 +7,7 @@ asked (`overwrite`); `resume` keeps its results and lets the run skip their inpu
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -23,8 +24,14 @@ Mode = Literal["new", "overwrite", "resume"]
 def input_key(file: str | Path, line: int | None = None) -> str:
     """How an input is recognised across runs: its file's absolute, resolved path, and the
     line number where each line of the file is an item."""
-    path = str(Path(file).resolve())
+    path = _resolved(os.getcwd(), str(file))
     return path if line is None else f"{path}:{line}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _resolved(cwd: str, file: str) -> str:
+    """A file's absolute, resolved path from `cwd` (once per file: each of its lines asks)."""
+    return str((Path(cwd) / file).resolve())
 
 
 class ResultsFile(Closing):

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from inferchain.closing import Closing
 from inferchain.core.request import Request, RequestState
 from inferchain.core.runner import Stepper
 from inferchain.core.sequences import StatePool
@@ -41,7 +42,7 @@ SubmitStep = Callable[
 StepOne = Callable[[Mapping[str, Any], int, Any], Request]  # (inputs, slot, callback)
 
 
-class LiveSequence:
+class LiveSequence(Closing):
     """One sequence of `model`: its slots, and its steps in order (one at a time)."""
 
     def __init__(
@@ -70,7 +71,7 @@ class LiveSequence:
         """The one slot of a one-row sequence."""
         if self.rows != 1:
             raise InvalidInput(f"{self!r} has {self.rows} rows: see `slots`")
-        return int(self.slots[0])
+        return self._slot
 
     def __repr__(self) -> str:
         return f"<LiveSequence {self.model} slots={self.slots.tolist()} steps={self.steps}>"
@@ -176,9 +177,3 @@ class LiveSequence:
 
         for r in last:
             r.add_done_listener(ended)
-
-    def __enter__(self) -> LiveSequence:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

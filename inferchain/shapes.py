@@ -129,7 +129,6 @@ class ShapePolicy:
         self.model = model.name
         # a model that does not batch takes whole inputs: each shape is its own batch
         self.strategy = config.strategy if model.max_batch_size > 0 else "dynamic"
-        self.pad_value = config.pad_value
         self.pad_values: tuple[float | bool, ...] = tuple(
             config.pad_value if c is None or c.pad is None else c.pad
             for c in (model.inputs.get(t.name) for t in inputs)
@@ -190,6 +189,14 @@ class ShapePolicy:
         """`key_of` gives the same key for the same shapes from now on (an `auto` policy
         still sampling shapes is not settled)."""
         return self.strategy != "auto" or bool(self.buckets)
+
+    def keys(self, exact: ShapeKey, values: Hashable = None) -> tuple[ShapeKey, Hashable]:
+        """The shape key of rows of item shapes `exact` (`key_of`), and what rows must
+        share to run in one batch: their group (`group_of`) and, for a model with
+        unbatched inputs, those inputs' values (`inputs.rows_shared_values`)."""
+        key = self.key_of(exact)
+        group = self.group_of(key)
+        return key, group if values is None else (group, values)
 
     def group_of(self, key: ShapeKey) -> Hashable:
         """What items of batch key `key` must share to run in one batch: the key itself, or

@@ -22,7 +22,7 @@ from inferchain.core.request import Request, RequestState
 from inferchain.core.sequences import STEP_COHORTS, StatePool
 from inferchain.core.work import Work
 from inferchain.errors import InvalidInput, RequestError, RequestTimeout
-from inferchain.inputs import InputSpec
+from inferchain.inputs import InputSpec, shared_value
 from inferchain.shapes import ShapePolicy
 
 _CARRIED, _SHARED, _FED = "carried", "shared", "fed"  # where a step input comes from
@@ -302,10 +302,7 @@ class SequenceRunner:
                 f"model {pool.model!r}: the stepper's feed() gave {sorted(fed)}; the model's "
                 f"inputs not carried are {self._fed}"
             )
-        if len(cohort) == 1 and cohort[0].slots is not None:
-            slots = cohort[0].slots
-        else:
-            slots = np.concatenate([live.slots for live in cohort if live.slots is not None])
+        slots = np.concatenate([live.slots for live in cohort if live.slots is not None])
         inputs: list[np.ndarray] = []
         shared_key: list[Hashable] = []
         ahead: dict[int, np.ndarray] = {}  # a multi-step batch's fed inputs, every step
@@ -376,7 +373,7 @@ class SequenceRunner:
             return known[2], known[3]
         checked = self.spec.check(i, value)
         rows = np.broadcast_to(checked, (self.batch_rows, *checked.shape))
-        key = (checked.shape, checked.tobytes())  # as `shared_values` gives it
+        key = shared_value(checked)
         if raw is not None or isinstance(value, int | float | bool | np.generic):
             self._shared[i] = (value, raw, rows, key)
         return rows, key
@@ -388,9 +385,7 @@ class SequenceRunner:
         if found is not None:
             return found
         shapes = self.shapes
-        shape_key = shapes.key_of(exact)
-        joins = shapes.group_of(shape_key)
-        found = (shape_key, (joins, shared) if self.spec.shared else joins)
+        found = shapes.keys(exact, shared if self.spec.shared else None)
         if shapes.settled and len(self._keys) < _KEYS_KEPT:
             self._keys[(exact, shared)] = found
         return found

@@ -31,7 +31,7 @@ from inferchain.core.records import Batch
 from inferchain.core.request import Request
 from inferchain.core.work import Work
 from inferchain.errors import InvalidInput, QueueFull, StateLost
-from inferchain.inputs import InputSpec, batch_key, shared_values
+from inferchain.inputs import InputSpec, rows_shared_values, shared_values
 from inferchain.shapes import ShapePolicy
 
 STEP_COHORTS = 2  # a stateful model's live sequences step in this many batches at least
@@ -491,17 +491,16 @@ class PendingSteps:
         requests = tuple(group.requests)
         slots = np.array(group.slots, dtype=np.intp)
         items = group.items
-        pool, shared = self.pool, self.spec.shared
+        pool = self.pool
         inputs = tuple(self._column(i, items, slots) for i in range(len(self.spec.names)))
         exact = tuple(a.shape[1:] for a in inputs)
-        shape_key = self.shapes.key_of(exact)
-        joins = self.shapes.group_of(shape_key)
+        shape_key, joins = self.shapes.keys(exact, rows_shared_values(inputs, self.spec.shared))
         work = Work(
             requests[0].id,
             pool.model,
             inputs,
             shape_key=shape_key,
-            batch_key=batch_key(joins, inputs, shared) if shared else joins,
+            batch_key=joins,
             exact=exact,
             names=self.names,
             submitted=group.since,

@@ -288,10 +288,8 @@ class ModelWorker:
             flight.run_start = time.perf_counter()
             if batch.slices[0].work.steps > 1:  # run step after step at collect
                 flight.steps = (feed, state)
-            elif state is None:
-                session.launch(feed, batch.rows if self._batching else 0, batch.stream)
-            else:  # sequence steps whose state is in the session's device slots
-                session.launch(feed, batch.rows, batch.stream, state)
+            else:  # `state`: steps whose state is in the session's device slots
+                session.launch(feed, self._rows(batch), batch.stream, state)
         except Exception as e:
             flight.error = e
         return flight
@@ -354,6 +352,7 @@ class ModelWorker:
         the pool's slots (or stays in the device slots)."""
         assert self.session is not None and self.pool is not None and self._layout is not None
         session, n, stream = self.session, batch.rows, batch.stream
+        size = self._rows(batch)
         s = batch.slices[0]
         work = s.work
         assert work.ahead is not None
@@ -368,13 +367,10 @@ class ModelWorker:
                 if state is None:  # the state the last step left (its rows first)
                     for out, i, _ in self.pool.carried:
                         feed[i] = _laid_out(outputs[out], in_axes[i])
-                else:  # in the device slots now, for every row
-                    state = StateRows(state.write, state.write, np.zeros(n, bool))
-            if state is None:
-                session.launch(feed, n if self._batching else 0, stream)
-            else:
-                session.launch(feed, n, stream, state)
+            session.launch(feed, size, stream, state)
             outputs = self._outputs(session.collect(stream), n)
+            if k == 0 and state is not None:  # in the device slots now, for every row
+                state = StateRows(state.write, state.write, np.zeros(n, bool))
             if not stacked:
                 stacked = [np.empty((n, work.steps, *o.shape[1:]), o.dtype) for o in outputs]
             for whole, o in zip(stacked, outputs, strict=True):
@@ -382,6 +378,11 @@ class ModelWorker:
         if state is None:
             self.pool.write_back(batch, outputs)
         return tuple(stacked)
+
+    def _rows(self, batch: Batch) -> int:
+        """The batch size the session is told: the batch's rows (0 where the model takes
+        its inputs whole)."""
+        return batch.rows if self._batching else 0
 
     def _outputs(self, outputs: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, ...]:
         """The first `n` rows of each output, on axis 0 (a model that does not batch: the

@@ -18,7 +18,7 @@ import numpy as np
 from inferchain import Stepper
 from inferchain.pipeline import Pipeline, Process
 
-from .beam import BeamSpec, Hypotheses, advance, beam_steps, hypotheses
+from .beam import BeamSpec, Hypotheses, advance, beam_steps, hypotheses, initial_scores
 
 
 class _Unit:
@@ -31,8 +31,7 @@ class _Unit:
         self.memory = enc["memory_out"]  # f32[S, 256]
         self.mask = enc["src_mask_out"]  # bool[S]
         self.hidden = enc["hidden_out"]  # f32[2, 256]: every beam's initial state
-        self.scores = np.zeros(k, dtype=np.float64)
-        self.scores[1:] = -np.inf  # only beam 0 is alive at the start
+        self.scores = initial_scores(1, k)[0]
         self.finished = np.zeros(k, dtype=bool)
         self.lengths = np.zeros(k, dtype=np.int64)
         self.tokens = np.zeros((k, spec.max_len), dtype=np.int64)
