@@ -206,9 +206,9 @@ def drive_sequences(
         lengths.append(requests % STEPS_PER_SEQUENCE)
     live = max(1, min(config.max_sequences, 2 * config.batch_rows))
     driver = PipelineDriver(SequenceSteps(oi, model, items), max_in_flight=live, on_error="return")
-    for n in driver.run(lengths):
+    for n, length in zip(driver.run(lengths), lengths, strict=True):  # results in order
         if on_done is not None:
-            on_done(lengths[0] if n is None else 0)
+            on_done(length if n is None else 0)
 
 
 def drive_pipeline(
