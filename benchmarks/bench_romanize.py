@@ -14,7 +14,8 @@ own names.sqlite3, on the same cores (the machine's 2):
               decoder instances (the recipe's own session options)
 Target: inferchain >= 1.3x the package. Every side's hypotheses (texts and scores) must be
 identical to the package's.
-Run: `python benchmarks/bench_romanize.py [--quick]`; writes benchmarks/results/bench_romanize.json.
+Run: `python benchmarks/bench_romanize.py [--quick]`; writes benchmarks/results/bench_romanize.json
+(a quick run: out/benchmarks/).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def main() -> None:
     path = write_results(
         "bench_romanize",
         {
+            "quick": args.quick,
             "units": n,
             "rounds": rounds,
             "threads": args.threads,

@@ -11,7 +11,8 @@ Sides, interleaved (A B C ...) after a warm-up round, on the same files:
                 one-thread session options
 Targets: inferchain >= 3x the package, within 1.3x of the ideal loop. Every side's segments
 must be identical to the package's.
-Run: `python benchmarks/bench_vad.py [--quick]`; writes benchmarks/results/bench_vad.json.
+Run: `python benchmarks/bench_vad.py [--quick]`; writes benchmarks/results/bench_vad.json
+(a quick run: out/benchmarks/).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def main() -> None:
     path = write_results(
         "bench_vad",
         {
+            "quick": args.quick,
             "files": len(audios),
             "audio_seconds": seconds_of_audio,
             "chunks": chunks,

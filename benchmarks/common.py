@@ -11,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# INFERCHAIN_BENCH_RESULTS redirects the JSON files (the quick runs in the test suite do)
-RESULTS = Path(
-    os.environ.get("INFERCHAIN_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
-)
+# Full runs write benchmarks/results/ (tracked: the figures the README quotes); quick runs
+# write out/benchmarks/ (untracked), so `make test` leaves the tree clean. The environment
+# variable INFERCHAIN_BENCH_RESULTS redirects both (the test suite's quick runs use it).
+RESULTS = Path(__file__).resolve().parent / "results"
+QUICK_RESULTS = Path(__file__).resolve().parent.parent / "out" / "benchmarks"
 
 
 def interleave(sides: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
@@ -53,14 +54,22 @@ def table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
+def results_dir(quick: bool) -> Path:
+    """Where a run's JSON goes (see RESULTS above)."""
+    override = os.environ.get("INFERCHAIN_BENCH_RESULTS")
+    return Path(override) if override else QUICK_RESULTS if quick else RESULTS
+
+
 def write_results(name: str, payload: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    """Write `payload` as `<name>.json`: a quick run (`payload["quick"]`) outside the tree."""
+    folder = results_dir(bool(payload.get("quick")))
+    folder.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": name,
         "machine": {"python": platform.python_version(), "cpu_count": _cpus()},
         **payload,
     }
-    path = RESULTS / f"{name}.json"
+    path = folder / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
 

@@ -12,6 +12,8 @@ InferchainError
 │                        initialised (the runtime's numeric code and name when it gave one)
 └── RequestError         a request ended without outputs
     ├── BackendError     the device runtime failed (numeric code and name)
+    │   └── OutputMismatch   a batch's outputs do not hold the batch's rows (the model's
+    │                        declared shapes or the recipe's batch axes are wrong)
     ├── RequestTimeout   the deadline passed before the request ran
     ├── RequestCancelled cancel() or close() ended the request
     ├── DependencyFailed a request it depends on did not finish DONE
@@ -84,6 +86,17 @@ class BackendError(_RuntimeCoded, RequestError):
     `code` is the backend's numeric code (None when the runtime gives none) and `name` its
     symbolic name, e.g. ``207001`` / ``"ACL_ERROR_RT_MEMORY_ALLOCATION"``.
     """
+
+
+class OutputMismatch(BackendError):
+    """A batch's outputs do not have the batch's rows on their batch axis: the model does not
+    return what it declares, or the recipe names the wrong batch axis (the message says which
+    output, axis, rows found and expected, and the recipe key that fixes it). The batch's
+    requests end with it: none ever receives another request's rows. Not a failure of the
+    session (re-loading it would not help), so it does not count towards `health`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, name="OutputMismatch")
 
 
 class StateLost(RequestError):

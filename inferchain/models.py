@@ -71,8 +71,13 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
             # the state may live in a session's device slots where one session runs every
             # step (with several, a sequence would have to stay on one)
             device_state = model.pool is not None and len(model.workers) == 1
-            for w in model.workers:
-                w.prepare(model.shapes, warm=model.config.warmup, device_state=device_state)
+            for w in model.workers:  # the first one checks what the model really returns
+                w.prepare(
+                    model.shapes,
+                    warm=model.config.warmup,
+                    device_state=device_state,
+                    probe=w.index == 0,
+                )
             pool = model.pool
             if pool is not None and all(w.state_on_device for w in model.workers):
                 pool.on_device = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ import inferchain as ic
 from inferchain.backends.probe import RuntimeProbe
 from inferchain.cli import main
 from inferchain.testing.fake_acl import FakeAcl
-from inferchain.testing.onnx_models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64, write_time_major
 from inferchain.tools import doctor
 from inferchain.tools.doctor import Status, read_version
 from inferchain.tools.info import describe_recipe, recipe_for
@@ -71,6 +72,21 @@ def test_info_on_a_bare_model_file_uses_the_defaults(
     out = capsys.readouterr().out
     assert "net    input   x     float32  [?, 64]" in out
     assert "net       0.01        0.00          8          1" in out  # max batch 8, 1 instance
+
+
+def test_info_shows_declared_and_real_output_shapes_and_what_init_would_refuse(
+    tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_time_major(tmp_path / "tm.onnx", steps=3)
+    assert cli("info", model) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if " output " in line)
+    assert row.split(None, 4)[4] == "[?, ?, ?]       8: [3, 8, 6]; 1: [3, 1, 6]"
+    assert "! model 'tm': output 'probs' does not hold the batch's rows" in out
+    assert "batch_axis: 1" in out
+    assert cli("info", "--json", model) == 0
+    (data,) = json.loads(capsys.readouterr().out)
+    assert data["real_output_shapes"] == {"8": [[3, 8, 6]], "1": [[3, 1, 6]]}
 
 
 def test_info_on_a_missing_model_file_is_a_one_line_error(

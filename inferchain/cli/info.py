@@ -23,7 +23,21 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     reports = describe_recipe(recipe_for(args.target))
     if args.json:
-        data = [{**r.info.to_dict(), "path": r.path, "memory": r.memory.to_dict()} for r in reports]
+        data = [
+            {
+                **r.info.to_dict(),
+                "path": r.path,
+                "memory": r.memory.to_dict(),
+                "real_output_shapes": None
+                if r.probed is None
+                else {
+                    str(n): [list(s) for s in run]
+                    for n, run in zip(r.probed.batch_sizes, r.probed.shapes, strict=True)
+                },
+                "problems": list(r.problems),
+            }
+            for r in reports
+        ]
         print(json.dumps(data, indent=2))
     else:
         print(format_reports(reports))

@@ -23,10 +23,19 @@ from inferchain.config import ModelConfig
 from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
 from inferchain.core.sequences import StatePool
-from inferchain.errors import BackendError, ConfigError, InferchainError, LoadError, StateLost
+from inferchain.errors import (
+    BackendError,
+    ConfigError,
+    InferchainError,
+    LoadError,
+    OutputMismatch,
+    StateLost,
+)
 from inferchain.layout import Axis, Layout, rows_first
 from inferchain.logs import get_logger, log_safely
+from inferchain.output_rows import OutputProbe, check_rows, probe_session
 from inferchain.shapes import ShapePolicy
+from inferchain.tensors import TensorDesc
 
 log = get_logger(__name__)
 
@@ -41,6 +50,7 @@ class _Prepare:
     warm: bool
     done: threading.Event
     device_state: bool = False  # try to keep the pool's state in the session's device slots
+    probe: bool = False  # run the model at one or two batch sizes and check its real outputs
 
 
 @attrs.define
@@ -121,6 +131,9 @@ class ModelWorker:
         self._queue: queue.SimpleQueue[Batch | _Prepare | object | None] = queue.SimpleQueue()
         self._buffers: HostBuffers | None = None
         self._moved_outputs: tuple[tuple[int, int], ...] = ()  # (output, its batch axis) != 0
+        # what `collect` returns and where each keeps its rows (checked on every batch)
+        self._returned: tuple[tuple[TensorDesc, ...], tuple[int, ...]] = ((), ())
+        self.probed: OutputProbe | None = None  # the real output shapes (prepare with probe)
         self._layout: Layout | None = None
         self._shared = False  # the model has unbatched inputs (no warm-up with zeros)
         self._in_flight: deque[_InFlight] = deque()
@@ -143,13 +156,17 @@ class ModelWorker:
         assert self.session is not None
         return self.session
 
-    def prepare(self, policy: ShapePolicy, warm: bool, device_state: bool = False) -> None:
+    def prepare(
+        self, policy: ShapePolicy, warm: bool, device_state: bool = False, probe: bool = False
+    ) -> None:
         """Adopt the model's shape policy; allocate (and, with `warm`, run once at the max
         batch) the buffers of every shape known now; with `device_state`, ask the session
-        to keep the pool's state in device slots (`state_on_device` says if it does).
-        Blocks until the worker thread did it."""
+        to keep the pool's state in device slots (`state_on_device` says if it does); with
+        `probe`, first run the model at one or two batch sizes and refuse it (`ConfigError`)
+        where an output does not hold the rows on its batch axis (`probed` keeps what it
+        returned). Blocks until the worker thread did it."""
         done = threading.Event()
-        self._queue.put(_Prepare(policy, warm, done, device_state))
+        self._queue.put(_Prepare(policy, warm, done, device_state, probe))
         done.wait()
         if self._init_error is not None:
             raise self._init_error
@@ -236,6 +253,7 @@ class ModelWorker:
         self.num_streams = max(1, session.num_streams)
         self._layout = layout
         self._moved_outputs = layout.moved_outputs
+        self._returned = (session.outputs, layout.outputs)
         self._shared = bool(layout.shared)
         pad = self.shapes.pad_values if self.shapes is not None else 0.0
         self._buffers = HostBuffers(session.inputs, self.model.batch_rows, pad, layout.inputs)
@@ -250,10 +268,14 @@ class ModelWorker:
             # zeros may not be a value an unbatched input accepts (a sampling rate of 0):
             # such a model gets its buffers but no warm-up run
             warm = item.warm and not self._shared
-            for key in item.policy.warm_keys() if self._batching else ():
+            keys = item.policy.warm_keys() if self._batching else []
+            probed = warm and item.probe and bool(keys)
+            if probed:  # its run at the max batch is the first key's warm-up
+                self._probe(keys[0])
+            for key in keys:
                 for stream in range(self.num_streams):
                     feed = self._buffers.zeros(stream, key)
-                    if warm:
+                    if warm and not (probed and key == keys[0] and stream == 0):
                         self.session.run(feed, self.model.batch_rows)
             if item.device_state and self.pool is not None and not self._moved_outputs:
                 self.state_on_device = self._open_state()
@@ -262,10 +284,31 @@ class ModelWorker:
         finally:
             item.done.set()
 
+    def _probe(self, key: tuple[tuple[int, ...], ...]) -> None:
+        """Run zeros of shape `key` at one or two batch sizes; `ConfigError` where an output
+        does not have the rows on its batch axis, a warning where it contradicts its
+        declared shape."""
+        session, layout = self.session, self._layout
+        assert session is not None and layout is not None
+        seen, verdict = probe_session(self.model.name, session, layout, self.model.batch_rows, key)
+        self.probed = seen
+        for warning in verdict.warnings:
+            log_safely(log.warning, "output_shape_differs", model=self.model.name, detail=warning)
+        if verdict.errors:
+            raise ConfigError("; ".join(verdict.errors))
+
     def _open_state(self) -> bool:
-        assert self.session is not None and self.pool is not None
+        assert self.session is not None and self.pool is not None and self._layout is not None
         carried = [(out, i) for out, i, _ in self.pool.carried]
-        return self.session.open_state(carried, self.pool.size)
+        on_device = self.session.open_state(carried, self.pool.size)
+        if on_device:  # `collect` returns only the outputs that are not carried
+            outs = {out for out, _ in carried}
+            kept = [i for i in range(len(self.session.outputs)) if i not in outs]
+            self._returned = (
+                tuple(self.session.outputs[i] for i in kept),
+                tuple(self._layout.outputs[i] for i in kept),
+            )
+        return on_device
 
     # -- one batch ------------------------------------------------------------------------
 
@@ -320,7 +363,11 @@ class ModelWorker:
         if error is None:
             self.consecutive_failures = 0
             return BatchResult(batch, outputs, None, self._timing(flight, run_end, ok=True)), None
-        if isinstance(error, StateLost):  # the sequences', not the session's: no failure
+        if isinstance(error, StateLost | OutputMismatch):  # not the session's: no failure
+            if isinstance(error, OutputMismatch):
+                ids = [s.work.id for s in batch.slices]
+                log_safely(log.error, "batch_failed", worker=self.name, work_id=ids,
+                           error="OutputMismatch", detail=str(error))  # fmt: skip
             timing = self._timing(flight, run_end, ok=False)
             return BatchResult(batch, None, error, timing), None
         crash = None if isinstance(error, Exception) else error
@@ -390,6 +437,8 @@ class ModelWorker:
         assert self.session is not None
         if not self._batching:
             return tuple(outputs)
+        descs, axes = self._returned
+        check_rows(self.model.name, descs, axes, outputs, n, self.session.max_batch_size)
         if self._moved_outputs:
             moved = list(outputs)
             for i, axis in self._moved_outputs:  # a view: rows first, no copy

@@ -266,3 +266,39 @@ def write_stateful(path: str | Path, *, hidden: int = 4, batch: int | None = Non
     out = Path(path)
     out.write_bytes(data)
     return out
+
+
+def write_time_major(
+    path: str | Path,
+    *,
+    features: int = 6,
+    steps: int = 3,
+    batch: int | None = None,
+    declared: Sequence[Dim] = ("N", "seqlen", "classes"),
+) -> Path:
+    """A model whose declared output shape lies, like many exported sequence recognisers:
+    its output is time-major, rows on axis 1, while it declares them on axis 0.
+
+    Input ``x`` float32 [N, features]. Output ``probs`` = x * (k + 1) for each time step k,
+    really float32 (steps, N, features), declared as `declared` (a reshape to its own
+    runtime shape hides the real one from shape inference, so the declaration stands).
+    """
+    f32 = np.dtype(np.float32)
+    n: Dim = batch if batch is not None else "N"
+    scale = (np.arange(steps, dtype=f32) + 1).reshape(steps, 1, 1) * np.ones(features, f32)
+    nodes = [
+        _node("Unsqueeze", ["x", "axis0"], ["x1"]),
+        _node("Mul", ["x1", "scale"], ["y"]),
+        _node("Shape", ["y"], ["y_shape"]),
+        _node("Reshape", ["y", "y_shape"], ["probs"]),
+    ]
+    data = _model(
+        nodes,
+        [_tensor("axis0", np.array([0], np.int64)), _tensor("scale", scale.astype(f32))],
+        [_value_info("x", f32, [n, features])],
+        [_value_info("probs", f32, list(declared))],
+        "time_major",
+    )
+    out = Path(path)
+    out.write_bytes(data)
+    return out

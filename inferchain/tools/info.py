@@ -1,8 +1,9 @@
 """What a recipe's models (or one model file) take and give, and the memory they need.
 
 Each model is loaded once on the calling thread through the recipe's backend, described,
-and released; nothing else starts, so the memory table is shown even for a model that
-`init()` would refuse.
+probed as `init()` probes it (zeros at one or two batch sizes: the shapes its outputs really
+have, beside the declared ones), and released; nothing else starts, so the tables are shown
+even for a model that `init()` would refuse.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from inferchain.config import MODEL_SUFFIXES, PKG, Recipe, load_recipe, package_
 from inferchain.errors import ConfigError
 from inferchain.memory import MemoryPlan
 from inferchain.models import describe
+from inferchain.output_rows import OutputProbe, probe_session, real_shapes
 from inferchain.tensors import ModelInfo
 from inferchain.tools.table import megabytes, render
 
@@ -28,6 +30,8 @@ class ModelReport:
     info: ModelInfo
     path: str
     memory: MemoryPlan
+    probed: OutputProbe | None = None  # the outputs' real shapes (None: not probed)
+    problems: tuple[str, ...] = ()  # what init() would refuse or warn of in them
 
 
 def recipe_for(target: str | Path) -> Recipe:
@@ -63,24 +67,35 @@ def describe_recipe(recipe: Recipe, *, acl_module: object | None = None) -> list
         for model in recipe.models:
             session = backend.load(model, recipe.device)
             try:
-                info, _, memory = describe(model, session)
+                info, shapes, memory = describe(model, session)
+                keys = shapes.warm_keys() if model.max_batch_size > 0 else []
+                probed: OutputProbe | None = None
+                problems: tuple[str, ...] = ()
+                if keys and not shapes.layout.shared:  # zeros are values it takes
+                    probed, verdict = probe_session(
+                        model.name, session, shapes.layout, model.batch_rows, keys[0]
+                    )
+                    problems = verdict.errors + verdict.warnings
             finally:
                 session.close()
-            reports.append(ModelReport(info, model.path, memory))
+            reports.append(ModelReport(info, model.path, memory, probed, problems))
     finally:
         backend.close()
     return reports
 
 
 def format_io(reports: Sequence[ModelReport]) -> str:
-    """One row per input and output: model, kind, name, dtype, shape (? = dynamic)."""
+    """One row per input and output: model, kind, name, dtype, declared shape (? = dynamic)
+    and, for an output, its real shape per probed batch size ("rows: shape")."""
     rows: list[list[object]] = []
     for r in reports:
+        real = real_shapes(r.probed, len(r.info.outputs))
         for kind, descs in (("input", r.info.inputs), ("output", r.info.outputs)):
-            for t in descs:
+            for i, t in enumerate(descs):
                 shape = "[" + ", ".join("?" if d is None else str(d) for d in t.shape) + "]"
-                rows.append([r.info.name, kind, t.name, t.dtype.name, shape])
-    return render(["model", "io", "name", "dtype", "shape"], rows)
+                seen = real.get(i, "-") if kind == "output" else ""
+                rows.append([r.info.name, kind, t.name, t.dtype.name, shape, seen])
+    return render(["model", "io", "name", "dtype", "declared shape", "real shape"], rows)
 
 
 def format_memory(reports: Sequence[ModelReport]) -> str:
@@ -113,8 +128,9 @@ def format_memory(reports: Sequence[ModelReport]) -> str:
 
 def format_reports(reports: Sequence[ModelReport]) -> str:
     """Both tables, and each model's file and metadata keys."""
-    lines = [format_io(reports), "", format_memory(reports)]
-    lines.append("")
+    lines = [format_io(reports)]
+    lines.extend(f"! {p}" for r in reports for p in r.problems)
+    lines.extend(["", format_memory(reports), ""])
     for r in reports:
         keys = ", ".join(sorted(r.info.metadata)) or "none"
         lines.append(f"{r.info.name}: {r.path} (metadata: {keys})")
