@@ -27,8 +27,9 @@ import yaml
 from common import interleave, median, table, write_results
 
 import inferchain as ic
+from inferchain.driver import PipelineDriver
 from inferchain.images import read_image
-from inferchain.pipeline import PipelineDriver, load_pipeline
+from inferchain.pipeline import load_pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 OCR = REPO / "recipes" / "ocr"

@@ -288,7 +288,7 @@ class ModelConfig(_Schema):
     # window: a batch leaves full, after max_queue_delay_ms, or at once on an idle worker;
     # fill: only full, or at a flush (`OfflineInference.flush()`, the end of a run's input,
     # wait_all, close): batches of consecutive rows, the same for the same inputs
-    batching: str = attrs.field(default="window", validator=_one_of("window", "fill"))
+    batching: str = attrs.field(default="window", validator=_one_of("window", "wait", "fill"))
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
 
     @property
@@ -315,6 +315,7 @@ class Recipe(_Schema):
         "scheduler": SchedulerConfig,
         "models": list,
         "pipeline": (str, None),
+        "host_workers": (int, None),
         "inputs": (str, None),
         "params": dict,
     }
@@ -326,6 +327,10 @@ class Recipe(_Schema):
     session_options: SessionOptions = attrs.field(factory=SessionOptions)
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     pipeline: str | None = None  # "file.py:ClassName" relative to the recipe's folder
+    # threads for the pipeline's host steps beside the models (None: the pipeline's own, else
+    # the default; 0: the caller's thread)
+    host_workers: int | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.ge(0)))  # fmt: skip
     inputs: str | None = None  # default inputs for `inferchain run`, relative to the folder
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
     source: Path = Path("<memory>")  # the YAML file it came from

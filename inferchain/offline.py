@@ -24,13 +24,14 @@ from inferchain.core.request import Callback, Outputs, Request, RequestState
 from inferchain.core.runner import SequenceRunner, Stepper
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.work import Work
+from inferchain.driver import PipelineDriver, idle_flush
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.inputs import Item, rows_shared_values, runs, stack
 from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
 from inferchain.models import LoadedModel, load_models, pending_steps
-from inferchain.pipeline import Pipeline, PipelineDriver, load_pipeline
+from inferchain.pipeline import Pipeline, load_pipeline
 from inferchain.sequence import LiveSequence
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
@@ -68,6 +69,7 @@ class OfflineInference:
         self._engine: ExecutionEngine | None = None
         self._runners: dict[tuple[str, int], SequenceRunner] = {}  # by (model, stepper)
         self._pipeline: Pipeline | None = None
+        self._idle_flush = idle_flush(self)  # what map() calls before it blocks
         self.metrics = Metrics(m.name for m in self.recipe.models)
 
     # -- life cycle -----------------------------------------------------------------------
@@ -459,7 +461,14 @@ class OfflineInference:
                 engine.run_or_submit(w, short_only=True)
             return works
 
-        return in_flight(submit, inputs, limit=max(limit, size), chunk=size, ordered=ordered)
+        return in_flight(
+            submit,
+            inputs,
+            limit=max(limit, size),
+            chunk=size,
+            ordered=ordered,
+            on_idle=self._idle_flush,
+        )
 
     def run(
         self,

@@ -9,23 +9,23 @@ once and their requests batch together, while the code reads top to bottom::
             out = yield self.submit("orientation", preprocess(image))
             return postprocess(out)
 
-`PipelineDriver` advances the generators on the caller's thread as requests finish.
+`PipelineDriver` (`inferchain.driver`) advances the generators as requests finish, their host
+steps on a pool of threads beside the engine (`host_workers`), results in input order.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
-import queue
 import sys
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Generator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferchain.core.request import Outputs, Request
+from inferchain.core.request import Request
 from inferchain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -50,6 +50,12 @@ class Pipeline:
     #: `inferchain run` reads each line of an input file as one item (`load_line`), e.g. a
     #: list of names; else each file is one item (`load`)
     item_per_line: bool = False
+    #: threads that run items' host steps (`load` in `inferchain run`, the code of `process`
+    #: between its yields) beside the models; None: the recipe's `host_workers`, else the
+    #: default (`inferchain.driver.default_host_workers`); 0: the caller's thread. With
+    #: threads, `process` runs for several items at once: it must not share mutable state
+    #: between items without a lock
+    host_workers: int | None = None
 
     def __init__(self, oi: OfflineInference) -> None:
         self.oi = oi
@@ -103,6 +109,7 @@ class PipelineWrapper(Pipeline):
         super().__init__(inner.oi)
         self.inner = inner
         self.max_in_flight = inner.max_in_flight
+        self.host_workers = inner.host_workers
 
 
 class ImagePipeline(Pipeline):
@@ -144,146 +151,3 @@ def _import_recipe_module(root: Path, stem: str) -> ModuleType:
         module.__path__ = [str(root)]
         sys.modules[package] = module
     return importlib.import_module(f"{package}.{stem}")
-
-
-class _Task:
-    """One item in flight: its generator and what it waits for."""
-
-    __slots__ = ("gen", "index", "remaining", "step")
-
-    def __init__(self, index: int, gen: Process) -> None:
-        self.index = index
-        self.gen = gen
-        self.step: Step = []
-        self.remaining = 0
-
-
-class PipelineDriver:
-    """Runs `pipeline.process` over many items with at most `max_in_flight` at once (by
-    default the pipeline's own `max_in_flight`)."""
-
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        max_in_flight: int | None = None,
-        on_error: Literal["raise", "return"] = "raise",
-        on_idle: Callable[[bool, bool], None] | None = None,
-    ) -> None:
-        """`on_idle(ended, full)` is called each time every item in flight waits for the
-        engine, just before the driver blocks: `ended` once the input has ended, `full` while
-        `max_in_flight` items are in flight. By default the pipeline's `oi.flush` of the
-        partial batches of `batching: fill` models: once the input has ended, or while full
-        if nothing else is left to run (sequence steps leave on their own)."""
-        if max_in_flight is None:
-            max_in_flight = pipeline.max_in_flight
-        if max_in_flight < 1:
-            raise ConfigError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        self._pipeline = pipeline
-        self._limit = max_in_flight
-        self._on_error = on_error
-        self._on_idle = on_idle if on_idle is not None else _flush(pipeline.oi)
-        self._events: queue.SimpleQueue[_Task] = queue.SimpleQueue()
-        self._results: dict[int, tuple[bool, Any]] = {}  # index -> (ok, result or error)
-        self._active: dict[int, _Task] = {}
-
-    def run(self, items: Iterable[Any]) -> Iterator[Any]:
-        source = enumerate(items)
-        next_out = 0
-        exhausted = False
-        try:
-            while True:
-                while next_out in self._results:
-                    ok, value = self._results.pop(next_out)
-                    next_out += 1
-                    if not ok and self._on_error == "raise":
-                        raise value
-                    yield value
-                while not exhausted and len(self._active) + len(self._results) < self._limit:
-                    nxt = next(source, None)
-                    if nxt is None:
-                        exhausted = True
-                    else:
-                        self._start(*nxt)
-                if next_out in self._results:
-                    continue  # an item that finished at its start
-                if exhausted and not self._active and not self._results:
-                    return
-                if self._active:
-                    events = self._events
-                    if events.empty():
-                        full = len(self._active) + len(self._results) >= self._limit
-                        self._on_idle(exhausted, full)
-                    self._resume(events.get())
-        finally:
-            for task in self._active.values():
-                for r in _requests(task.step):
-                    r.cancel()
-                task.gen.close()
-
-    def _start(self, index: int, item: Any) -> None:
-        try:
-            gen = self._pipeline.process(item)
-        except Exception as e:
-            self._results[index] = (False, e)
-            return
-        if not isinstance(gen, Generator):
-            self._results[index] = (True, gen)
-            return
-        task = _Task(index, gen)
-        self._active[index] = task
-        self._advance(task, lambda: gen.send(None))
-
-    def _advance(self, task: _Task, step: Callable[[], Step]) -> None:
-        try:
-            yielded = step()
-        except StopIteration as stop:
-            self._finish(task, True, stop.value)
-            return
-        except Exception as e:
-            self._finish(task, False, e)
-            return
-        task.step = yielded
-        requests = _requests(yielded)
-        task.remaining = len(requests)
-        if not requests:
-            self._events.put(task)
-        events = self._events
-        for r in requests:
-            r.add_done_listener(lambda _r: events.put(task))
-
-    def _resume(self, task: _Task) -> None:
-        task.remaining -= 1
-        if task.remaining > 0:
-            return
-        step = task.step
-        errors = [r.error for r in _requests(step) if r.outputs is None]
-        gen = task.gen
-        if errors:
-            error = errors[0]
-            assert error is not None
-            self._advance(task, lambda: gen.throw(error))
-        elif isinstance(step, Request):
-            outputs: Outputs | None = step.outputs
-            self._advance(task, lambda: gen.send(outputs))
-        else:
-            self._advance(task, lambda: gen.send([r.outputs for r in step]))
-
-    def _finish(self, task: _Task, ok: bool, value: Any) -> None:
-        del self._active[task.index]
-        self._results[task.index] = (ok, value)
-
-
-def _flush(oi: OfflineInference) -> Callable[[bool, bool], None]:
-    if not any(m.batching == "fill" for m in oi.recipe.models):
-        return lambda ended, full: None  # no partial batches that wait for a flush
-
-    def on_idle(ended: bool, full: bool) -> None:
-        if ended or full:
-            oi.flush(steps=False, batches=True if ended else "if_stalled")
-
-    return on_idle
-
-
-def _requests(step: Step) -> list[Request]:
-    return [step] if isinstance(step, Request) else list(step)

@@ -37,9 +37,12 @@ def in_flight(
     limit: int,
     chunk: int,
     ordered: bool = True,
+    on_idle: Callable[[bool, bool], None] | None = None,
 ) -> Iterator[Work]:
     """Submit `inputs` chunk by chunk, never more than `limit` rows unfinished, and yield
-    each Work once it has settled (in input order, or as they finish)."""
+    each Work once it has settled (in input order, or as they finish). `on_idle(ended,
+    full)` is called before it blocks, as `PipelineDriver`'s (partial batches that wait for
+    others are flushed once no more rows can come to them)."""
     pending: deque[Work] = deque()
     finished: queue.SimpleQueue[Work] = queue.SimpleQueue()
     notify = None if ordered else finished.put
@@ -58,6 +61,8 @@ def in_flight(
                     rows += work.rows
             if not pending:
                 return
+            if on_idle is not None and (exhausted or rows + chunk > max(limit, chunk)):
+                on_idle(exhausted, True)
             if ordered:
                 work = pending.popleft()
                 work.wait()

@@ -24,9 +24,15 @@ T0 = 100.0  # perf_counter seconds when the first work is admitted
 # -- builders ---------------------------------------------------------------------------------
 
 
-def create_batcher(max_batch: int = 4, delay_ms: float = 50.0) -> ModelBatcher:
+def create_batcher(
+    max_batch: int = 4, delay_ms: float = 50.0, batching: str = "window"
+) -> ModelBatcher:
     model = ModelConfig(
-        name="m", path="unused", max_batch_size=max_batch, max_queue_delay_ms=delay_ms
+        name="m",
+        path="unused",
+        max_batch_size=max_batch,
+        max_queue_delay_ms=delay_ms,
+        batching=batching,
     )
     return ModelBatcher(model)
 
@@ -74,6 +80,33 @@ def spans(slices: Sequence[Slice]) -> list[tuple[int, int, int, int]]:
 
 def untaken(works: Sequence[Work]) -> int:
     return sum(w.rows - w.taken for w in works)
+
+
+# -- when a group is due ----------------------------------------------------------------------
+
+
+def test_window_sends_at_once_when_idle_and_wait_waits_for_the_window() -> None:
+    eager, patient = create_batcher(batching="window"), create_batcher(batching="wait")
+    for b in (eager, patient):
+        b.add(create_work(1, rows=2))
+    key = ((4,),)
+    assert eager.due(T0 + 0.001, all_idle=True) == (key, float("inf"))
+    assert patient.due(T0 + 0.001, all_idle=True) == (None, T0 + 0.05)
+    assert patient.due(T0 + 0.05, all_idle=True)[0] == key  # its window has passed
+    patient.add(create_work(2, rows=2))
+    assert patient.due(T0 + 0.001, all_idle=True)[0] == key  # a full batch goes at once
+
+
+def test_a_flush_sends_a_waiting_partial_batch_until_the_batcher_is_empty() -> None:
+    b = create_batcher(batching="wait")
+    b.add(create_work(1))
+    b.flushing = True
+    key, _ = b.due(T0, all_idle=False)
+    assert key == ((4,),)
+    b.take(key)
+    assert not b.flushing
+    b.add(create_work(2))
+    assert b.due(T0, all_idle=True)[0] is None
 
 
 # -- grouping and cutting ---------------------------------------------------------------------

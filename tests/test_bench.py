@@ -15,8 +15,8 @@ import structlog
 
 import inferchain as ic
 from inferchain.cli import main
+from inferchain.driver import PipelineDriver
 from inferchain.errors import InferchainError
-from inferchain.pipeline import PipelineDriver
 from inferchain.testing.fake_acl import FakeAcl
 from inferchain.testing.onnx_models import write_image_model, write_mlp, write_mlp64
 from inferchain.tools.bench import (

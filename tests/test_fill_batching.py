@@ -103,5 +103,5 @@ def test_a_run_flushes_when_its_input_ends_or_it_cannot_start_more(
 def test_pad_values_are_per_input_and_checked_in_the_recipe(tmp_path: Path) -> None:
     with pytest.raises(ic.ConfigError, match=r"models\[0\].inputs.image.pad' must be"):
         recipe({"name": "m", "path": "m.onnx", "inputs": {"image": {"pad": "zero"}}})
-    with pytest.raises(ic.ConfigError, match="batching must be one of window, fill"):
+    with pytest.raises(ic.ConfigError, match="batching must be one of window, wait, fill"):
         recipe({"name": "m", "path": "m.onnx", "batching": "full"})

@@ -18,9 +18,10 @@ import attrs
 
 from inferchain.cli.options import add_command, positive_int
 from inferchain.config import Recipe, load_recipe
+from inferchain.driver import PipelineDriver
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
-from inferchain.pipeline import Pipeline, PipelineDriver, PipelineWrapper, Process
+from inferchain.pipeline import Pipeline, PipelineWrapper, Process
 from inferchain.results import RESULTS, Mode, ResultsFile, input_key
 from inferchain.tools.progress import Progress
 

@@ -5,9 +5,11 @@ only rows with equal keys share a batch.
 
 A group is sent when it holds a full batch, when its oldest row has waited the batching
 window (`max_queue_delay_ms`), at once when every worker of the model is idle (waiting
-could only add latency then), or at once when its oldest work is a batch already formed (a
-batch of sequence steps), which runs as a batch of its own. A model with `batching: fill`
-sends full batches only, of rows in the order they came, until the engine flushes it. Rows
+could only add latency then; not with `batching: wait`, which waits the window for a fuller
+batch all the same, until the engine flushes it), or at once when its oldest work is a batch
+already formed (a batch of sequence steps), which runs as a batch of its own. A model with
+`batching: fill` sends full batches only, of rows in the order they came, until the engine
+flushes it. Rows
 are taken in order; a Work may span several batches and a batch may hold rows of several
 Works.
 """
@@ -34,6 +36,7 @@ class ModelBatcher:
         self.max_rows = model.batch_rows
         self.delay = model.max_queue_delay_ms / 1000.0  # seconds
         self.fill = model.batching == "fill"  # only full batches, until `flushing`
+        self.wait = model.batching == "wait"  # the window even when idle, until `flushing`
         self.flushing = False  # send every group now, until the batcher is empty
         self.groups: dict[BatchKey, deque[Work]] = {}
         self._rows: dict[BatchKey, int] = {}  # rows not yet taken, per group
@@ -66,7 +69,8 @@ class ModelBatcher:
             if head is None:
                 head = now
             if (
-                all_idle
+                (all_idle and not self.wait)
+                or self.flushing
                 or group[0].formed
                 or self._rows[key] >= self.max_rows
                 or head + self.delay <= now

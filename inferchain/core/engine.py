@@ -232,7 +232,7 @@ class ExecutionEngine:
         self.wake()
 
     def flush(self, *, if_stalled: bool = False) -> None:
-        """Send the partial batches of `batching: fill` models as they are (any thread);
+        """Send the partial batches of `batching: fill` / `wait` models as they are (any thread);
         with `if_stalled`, only when nothing else is left to run (no batch in flight, nothing
         waiting or ready but those partial batches): a caller that cannot submit more waits
         for them then."""
@@ -450,8 +450,9 @@ class ExecutionEngine:
             flush = self._stalled()
         if flush:  # after admission: what was submitted before the flush is in the batchers
             for model in self._models.values():
-                if model.batcher.fill and model.batcher.num_ready:
-                    model.batcher.flushing = True
+                batcher = model.batcher
+                if (batcher.fill or batcher.wait) and batcher.num_ready:
+                    batcher.flushing = True
         for model in self._models.values():
             if model.batcher.num_ready:
                 next_due = min(next_due, self._dispatch(model, now))
@@ -460,12 +461,14 @@ class ExecutionEngine:
         return max(next_due - time.perf_counter(), 0.0)
 
     def _stalled(self) -> bool:
-        """Nothing can run but partial batches of `batching: fill` models (under `_lock`)."""
+        """Nothing can run but partial batches of `batching: fill` / `wait` models (under
+        `_lock`)."""
         assert self._scheduler is not None
         if self._submitted or self._scheduler.num_waiting:
             return False
         for model in self._models.values():
-            if any(model.in_flight) or (model.batcher.num_ready and not model.batcher.fill):
+            batcher = model.batcher
+            if any(model.in_flight) or (batcher.num_ready and not (batcher.fill or batcher.wait)):
                 return False
             if model.steps is not None and model.steps.num_pending:
                 return False

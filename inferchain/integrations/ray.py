@@ -31,10 +31,11 @@ import numpy as np
 
 from inferchain.closing import Closing
 from inferchain.config import Recipe, load_recipe
+from inferchain.driver import PipelineDriver
 from inferchain.errors import Closed, ConfigError, InvalidInput, MissingDependency
 from inferchain.logs import configure_output, get_logger
 from inferchain.offline import OfflineInference
-from inferchain.pipeline import Pipeline, PipelineDriver, PipelineWrapper, Process
+from inferchain.pipeline import Pipeline, PipelineWrapper, Process
 from inferchain.results import ResultsFile, input_key
 
 log = get_logger(__name__)

@@ -14,6 +14,7 @@ The figures are the OfflineInference's since `init()`; `run_bench` uses a fresh 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -24,11 +25,12 @@ import numpy as np
 
 from inferchain.config import Recipe
 from inferchain.core.request import Request
+from inferchain.driver import PipelineDriver
 from inferchain.errors import ConfigError
 from inferchain.layout import Axis, Layout, item_shape
 from inferchain.metrics import Percentiles
 from inferchain.offline import OfflineInference
-from inferchain.pipeline import Pipeline, PipelineDriver, PipelineWrapper, Process, Step
+from inferchain.pipeline import Pipeline, PipelineWrapper, Process, Step
 from inferchain.tensors import ModelInfo, TensorDesc
 from inferchain.tools.bench_report import BenchReport, Inputs, ItemStats, Source
 from inferchain.tools.feeds import DYNAMIC_DIM, random_array
@@ -118,6 +120,7 @@ class TimedPipeline(PipelineWrapper):
         super().__init__(inner)
         self.latencies_s: list[float] = []  # per finished item: first step to result
         self.errors = 0  # items that failed
+        self._lock = threading.Lock()  # items finish on several host threads
 
     def process(self, item: Any) -> Process | Any:
         started = time.perf_counter()
@@ -133,8 +136,9 @@ class TimedPipeline(PipelineWrapper):
         return self._timed(gen, started)
 
     def _finished(self, started: float, *, ok: bool) -> None:
-        self.latencies_s.append(time.perf_counter() - started)
-        self.errors += not ok
+        with self._lock:
+            self.latencies_s.append(time.perf_counter() - started)
+            self.errors += not ok
 
     def _timed(self, gen: Process, item_started: float) -> Process:
         spent = {"pre": 0.0, "post": 0.0}

@@ -1,0 +1,200 @@
+"""B11 of BENCHMARKS.md: the orientation recipe's own pipeline against a hand-written script.
+
+The script is what a competent user writes instead (15 lines): the recipe's own `preprocess`
+on a 2-thread `ThreadPoolExecutor`, full batches of 16 to an onnxruntime session with the
+recipe's session options. Two pairs, each interleaved (A B A B ...) after a warm-up round:
+
+B11a  `oi.run(images)` vs the script over the same decoded images    target >= 1.0x, mean
+      batch >= 12 of 16
+B11b  `inferchain run`'s loop over files (`run_files`, start-up not counted) vs the script
+      reading the same files itself (cv2.imread in its pool)         target >= 0.9x
+
+Pages: the recipe's 12 samples, each at 20 scales (0.6x to 1.3x), so every page costs its
+own resize. Angles must be identical on both sides.
+Run: `python benchmarks/bench_orientation.py [--quick]`; writes benchmarks/results/
+bench_orientation.json (a quick run: out/benchmarks/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import onnxruntime as ort
+import structlog
+from common import interleave, median, table, timed, write_results
+
+import inferchain as ic
+from inferchain.backends.onnxruntime import session_options
+from inferchain.cli.run import Item, run_files
+from inferchain.images import read_image
+from inferchain.results import ResultsFile
+from inferchain.tools.progress import Progress
+
+RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "orientation"
+BATCH = 16
+
+
+def pages(n: int) -> list[np.ndarray]:
+    samples = [read_image(p) for p in sorted((RECIPE / "samples").glob("*.png"))]
+    out = []
+    for i in range(n):
+        image = samples[i % len(samples)]
+        scale = 0.6 + 0.7 * ((i // len(samples)) % 20) / 19
+        h, w = image.shape[:2]
+        out.append(cv2.resize(image, (round(w * scale), round(h * scale))))
+    return out
+
+
+def script(
+    preprocess: Callable[[np.ndarray], np.ndarray],
+    labels: Sequence[str],
+    recipe: ic.Recipe,
+) -> Callable[[Sequence[Any], Callable[[Any], np.ndarray]], list[int]]:
+    """The hand-written pipeline: a 2-thread pool for pre-processing, full batches."""
+    model = recipe.models[0]
+    sess = ort.InferenceSession(
+        model.path, session_options(recipe.session_options), providers=["CPUExecutionProvider"]
+    )
+    name = sess.get_inputs()[0].name
+
+    def run(items: Sequence[Any], read: Callable[[Any], np.ndarray]) -> list[int]:
+        angles: list[int] = []
+        with ThreadPoolExecutor(2) as pool:
+            tensors = pool.map(lambda item: preprocess(read(item)), items)
+            batch: list[np.ndarray] = []
+            for tensor in tensors:
+                batch.append(tensor)
+                if len(batch) == BATCH:
+                    angles += _angles(sess.run(None, {name: np.stack(batch)})[0], labels)
+                    batch = []
+            if batch:
+                angles += _angles(sess.run(None, {name: np.stack(batch)})[0], labels)
+        return angles
+
+    return run
+
+
+def _angles(scores: np.ndarray, labels: Sequence[str]) -> list[int]:
+    return [int(labels[i]) for i in np.argmax(scores, axis=1)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="48 pages, 1 round")
+    parser.add_argument("--pages", type=int, default=240)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    n, rounds = (48, 1) if args.quick else (args.pages, args.rounds)
+    images = pages(n)
+    recipe = ic.load_recipe(RECIPE)
+    angles: dict[str, list[int]] = {}
+    batches: dict[str, list[float]] = {"run": [], "run_files": []}
+    with tempfile.TemporaryDirectory() as tmp, ic.OfflineInference(recipe) as oi:
+        folder = Path(tmp)
+        files = []
+        for i, image in enumerate(images):
+            files.append(folder / f"page{i:04d}.png")
+            cv2.imwrite(str(files[-1]), image)
+        items = [Item(f, None, "") for f in files]
+        pipeline = oi.pipeline
+        by_hand = script(pipeline.preprocess, pipeline.labels, recipe)  # type: ignore[attr-defined]
+
+        def mean_batch(side: str, before: dict[int, int]) -> None:
+            after = oi.stats().models["orientation"].batch_sizes
+            counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            total = sum(counts.values())
+            batches[side].append(sum(k * v for k, v in counts.items()) / total)
+
+        def side_run() -> None:
+            before = dict(oi.stats().models["orientation"].batch_sizes)
+            angles["run"] = [r["angle"] for r in oi.run(images)]
+            mean_batch("run", before)
+
+        def side_files() -> None:
+            before = dict(oi.stats().models["orientation"].batch_sizes)
+            out = folder / "out"
+            out.mkdir(exist_ok=True)
+            with (
+                ResultsFile(out, "overwrite") as results,
+                Progress(None, "", summary=False) as p,
+                contextlib.redirect_stdout(io.StringIO()),  # its line per file
+            ):
+                run_files(oi, items, results, out, p)
+            mean_batch("run_files", before)
+
+        def script_images() -> None:
+            angles["script"] = by_hand(images, lambda image: image)
+
+        def script_files() -> None:
+            angles["script_files"] = by_hand(files, lambda path: cv2.imread(str(path)))
+
+        s = interleave(
+            {
+                "script": timed(script_images),
+                "run": timed(side_run),
+                "script_files": timed(script_files),
+                "run_files": timed(side_files),
+            },
+            rounds,
+        )
+        workers = oi.stats().to_dict()
+    identical = angles["run"] == angles["script"] == angles["script_files"]
+
+    def ratio(base: str, side: str) -> float:
+        return median([b / f for b, f in zip(s[base], s[side], strict=True)])
+
+    figures = {
+        "B11a": ratio("script", "run"),
+        "B11a_mean_batch": median(batches["run"][-rounds:]),
+        "B11b": ratio("script_files", "run_files"),
+        "B11b_mean_batch": median(batches["run_files"][-rounds:]),
+    }
+    rows = [
+        ("side", "seconds", "pages/s", "vs script", "mean batch"),
+        ("script (2-thread pool, batches of 16)", f"{median(s['script']):.3f}",
+         f"{n / median(s['script']):.1f}", "1.00", "16"),
+        ("oi.run(images)", f"{median(s['run']):.3f}", f"{n / median(s['run']):.1f}",
+         f"{figures['B11a']:.2f}", f"{figures['B11a_mean_batch']:.1f}"),
+        ("script reading the files", f"{median(s['script_files']):.3f}",
+         f"{n / median(s['script_files']):.1f}", "1.00", "16"),
+        ("inferchain run's loop (run_files)", f"{median(s['run_files']):.3f}",
+         f"{n / median(s['run_files']):.1f}", f"{figures['B11b']:.2f}",
+         f"{figures['B11b_mean_batch']:.1f}"),
+    ]  # fmt: skip
+    print(
+        f"{n} pages, {rounds} rounds (medians of per-round ratios); angles identical: {identical}"
+    )
+    print(table(rows))
+    path = write_results(
+        "bench_orientation",
+        {
+            "quick": args.quick,
+            "pages": n,
+            "rounds": rounds,
+            "seconds": {k: median(v) for k, v in s.items()},
+            "samples_s": s,
+            "mean_batch": batches,
+            "figures": figures,
+            "identical": identical,
+            "stats": workers,
+            "targets": {"B11a": ">= 1.0, mean batch >= 12", "B11b": ">= 0.9"},
+        },
+    )
+    print(f"wrote {path}")
+    if not identical:
+        raise SystemExit("the angles differ between the sides")
+
+
+if __name__ == "__main__":
+    main()

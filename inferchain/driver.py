@@ -1,0 +1,288 @@
+"""Runs a pipeline's generators over many items, their host work on a pool beside the engine.
+
+A pipeline's `process(item)` alternates host work (reading, pre-processing, post-processing)
+with requests to the engine. The driver keeps up to `max_in_flight` items in flight and runs
+each item's host steps (`process(item)`, then `gen.send(outputs)` after each yield) on a
+bounded pool of host threads, so that while the models run, the next items are being
+prepared, and the engine sees full batches. Results come out in input order.
+
+Ownership: the caller's thread (the one iterating `run()`) owns every structure here; a host
+thread runs one step of one item's generator and posts what it did (`_Posted`) to the
+caller's queue; a request's done-listener counts the item's requests down and posts it ready
+when the last one ends. An item's generator runs on one thread at a time, never two. With
+`host_workers=0` the host steps run on the caller's thread, one at a time, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Generator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from inferchain.core.request import Request
+from inferchain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from inferchain.config import Recipe
+    from inferchain.offline import OfflineInference
+    from inferchain.pipeline import Pipeline, Process, Step
+
+MAX_HOST_WORKERS = 8  # the default pool never grows past this many threads
+
+
+def default_host_workers(recipe: Recipe) -> int:
+    """Host threads for `recipe` when neither it nor its pipeline says: 0 (the caller's
+    thread, in input order) where a model batches `fill` (its batches follow the order
+    items come in); else the cores the models' intra-op threads leave, at least 2."""
+    if any(m.batching == "fill" for m in recipe.models):
+        return 0
+    threads = 0
+    for m in recipe.models:
+        options = m.session_options or recipe.session_options
+        threads += m.instances * max(1, options.intra_op_num_threads or 1)
+    cores = len(os.sched_getaffinity(0))
+    return min(MAX_HOST_WORKERS, max(2, cores - threads))
+
+
+def host_workers(pipeline: Pipeline) -> int:
+    """The recipe's `host_workers`, else the pipeline class's, else the default."""
+    recipe = pipeline.recipe
+    if recipe.host_workers is not None:
+        return recipe.host_workers
+    if pipeline.host_workers is not None:
+        return pipeline.host_workers
+    return default_host_workers(recipe)
+
+
+class _Task:
+    """One item in flight: its generator and the requests its last step waits for."""
+
+    __slots__ = ("gen", "index", "lock", "remaining", "step")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.gen: Process | None = None
+        self.step: Step = []
+        self.remaining = 0  # requests of `step` not yet ended (under `lock`)
+        self.lock = threading.Lock()
+
+
+@attrs.frozen
+class _Posted:
+    """A host step ended: the item waits for requests (`finished` False), or it is done
+    with `value` (its result, or the exception it raised when `ok` is False)."""
+
+    task: _Task
+    finished: bool
+    ok: bool = True
+    value: Any = None
+
+
+_Event = _Posted | _Task  # a host step's outcome, or a task whose requests all ended
+
+
+class PipelineDriver:
+    """Runs `pipeline.process` over many items with at most `max_in_flight` at once (by
+    default the pipeline's own `max_in_flight`) and their host steps on `host_workers`
+    threads (default: `host_workers(pipeline)`; 0: the caller's thread)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        max_in_flight: int | None = None,
+        on_error: Literal["raise", "return"] = "raise",
+        on_idle: Callable[[bool, bool], None] | None = None,
+        workers: int | None = None,
+    ) -> None:
+        """`on_idle(ended, full)` is called each time every item in flight waits for the
+        engine, just before the driver blocks: `ended` once the input has ended, `full` while
+        `max_in_flight` items are in flight. By default the pipeline's `oi.flush` of the
+        partial batches of `batching: fill` models: once the input has ended, or while full
+        if nothing else is left to run (sequence steps leave on their own)."""
+        if max_in_flight is None:
+            max_in_flight = pipeline.max_in_flight
+        if max_in_flight < 1:
+            raise ConfigError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self._pipeline = pipeline
+        self._limit = max_in_flight
+        self._on_error = on_error
+        self._on_idle = on_idle if on_idle is not None else idle_flush(pipeline.oi)
+        self.workers = host_workers(pipeline) if workers is None else workers
+        if self.workers < 0:
+            raise ConfigError(f"host_workers must be >= 0, got {self.workers}")
+        self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
+        self._results: dict[int, tuple[bool, Any]] = {}  # index -> (ok, result or error)
+        self._active: dict[int, _Task] = {}
+        self._on_host = 0  # host steps dispatched whose outcome is not yet taken
+        self._pool: ThreadPoolExecutor | None = None
+
+    def run(self, items: Iterable[Any]) -> Iterator[Any]:
+        if self.workers:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="inferchain-host")
+        source = enumerate(items)
+        next_out = 0
+        exhausted = False
+        try:
+            while True:
+                while next_out in self._results:
+                    ok, value = self._results.pop(next_out)
+                    next_out += 1
+                    if not ok and self._on_error == "raise":
+                        raise value
+                    yield value
+                while not exhausted and len(self._active) + len(self._results) < self._limit:
+                    nxt = next(source, None)
+                    if nxt is None:
+                        exhausted = True
+                    else:
+                        self._start(*nxt)
+                        self._take_ready()
+                if next_out in self._results:
+                    continue
+                if exhausted and not self._active and not self._results:
+                    return
+                if self._events.empty() and self._on_host == 0:
+                    full = len(self._active) + len(self._results) >= self._limit
+                    self._on_idle(exhausted, full)
+                self._take(self._events.get())
+        finally:
+            self._stop()
+
+    # -- the caller's thread --------------------------------------------------------------
+
+    def _start(self, index: int, item: Any) -> None:
+        task = _Task(index)
+        self._active[index] = task
+        self._dispatch(task, lambda: self._begin(task, item))
+
+    def _dispatch(self, task: _Task, step: Callable[[], _Posted]) -> None:
+        """Run one host step of `task`: on the pool, or here (its outcome queued either way)."""
+        self._on_host += 1
+        if self._pool is None:
+            try:
+                event = step()
+            except BaseException:  # e.g. KeyboardInterrupt: nothing is on the host now
+                self._on_host -= 1
+                raise
+            self._events.put(event)
+            return
+        events = self._events
+
+        def on_host() -> None:
+            try:
+                event = step()
+            except BaseException as e:  # posted all the same: `_stop` waits for every step
+                event = _Posted(task, True, False, e)
+            events.put(event)
+
+        self._pool.submit(on_host)
+
+    def _take_ready(self) -> None:
+        """Take the events already queued, without blocking (keeps the caller's queue short
+        while it starts items)."""
+        while not self._events.empty():
+            self._take(self._events.get())
+
+    def _take(self, event: _Event) -> None:
+        if isinstance(event, _Task):  # its requests ended: the next host step
+            self._dispatch(event, lambda: self._resume(event))
+            return
+        self._on_host -= 1
+        if event.finished:
+            del self._active[event.task.index]
+            self._results[event.task.index] = (event.ok, event.value)
+
+    def _stop(self) -> None:
+        """End what is in flight: cancel the requests items wait for, let the host steps
+        running finish, join the pool, close every generator."""
+        for task in self._active.values():
+            for r in _requests(task.step):
+                r.cancel()
+        while self._on_host > 0:
+            event = self._events.get()
+            if isinstance(event, _Posted):
+                self._on_host -= 1
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        for task in self._active.values():  # again: steps that ended meanwhile yielded more
+            for r in _requests(task.step):
+                r.cancel()
+            if task.gen is not None:
+                task.gen.close()
+        self._active.clear()
+
+    # -- a host thread (or the caller's, without a pool) -----------------------------------
+
+    def _begin(self, task: _Task, item: Any) -> _Posted:
+        try:
+            gen = self._pipeline.process(item)
+        except Exception as e:
+            return _Posted(task, True, False, e)
+        if not isinstance(gen, Generator):
+            return _Posted(task, True, True, gen)
+        task.gen = gen
+        return self._advance(task, lambda: gen.send(None))
+
+    def _resume(self, task: _Task) -> _Posted:
+        step = task.step
+        errors = [r.error for r in _requests(step) if r.outputs is None]
+        gen = task.gen
+        assert gen is not None
+        if errors:
+            error = errors[0]
+            assert error is not None
+            return self._advance(task, lambda: gen.throw(error))
+        if isinstance(step, Request):
+            outputs = step.outputs
+            return self._advance(task, lambda: gen.send(outputs))
+        return self._advance(task, lambda: gen.send([r.outputs for r in step]))
+
+    def _advance(self, task: _Task, step: Callable[[], Step]) -> _Posted:
+        try:
+            yielded = step()
+        except StopIteration as stop:
+            return _Posted(task, True, True, stop.value)
+        except Exception as e:
+            return _Posted(task, True, False, e)
+        requests = _requests(yielded)
+        task.step = yielded
+        task.remaining = len(requests) + 1  # + 1: this thread's own hold, let go below
+        for r in requests:
+            r.add_done_listener(lambda _r: self._count_down(task))
+        self._count_down(task)
+        return _Posted(task, False)
+
+    def _count_down(self, task: _Task) -> None:
+        """One request of `task`'s step ended (any thread): the last one queues the task."""
+        with task.lock:
+            task.remaining -= 1
+            ready = task.remaining == 0
+        if ready:
+            self._events.put(task)
+
+
+def idle_flush(oi: OfflineInference) -> Callable[[bool, bool], None]:
+    """Flush the partial batches that wait for others (`batching: fill` / `wait`) once no
+    more items can come to them: the input ended, or `max_in_flight` are in flight (`wait`
+    ones then at once, `fill` ones only where nothing else is left to run)."""
+    kinds = {m.batching for m in oi.recipe.models}
+    if not kinds & {"fill", "wait"}:
+        return lambda ended, full: None  # no partial batches that wait for a flush
+    partial: bool | Literal["if_stalled"] = "if_stalled" if "fill" in kinds else True
+
+    def on_idle(ended: bool, full: bool) -> None:
+        if ended or full:
+            oi.flush(steps=False, batches=True if ended else partial)
+
+    return on_idle
+
+
+def _requests(step: Step) -> list[Request]:
+    return [step] if isinstance(step, Request) else list(step)
