@@ -17,6 +17,7 @@ QUICK = [
     "bench_memory",
     "bench_startup",
     "bench_ocr",
+    "bench_orientation",
     "bench_acl_streams",
     "bench_vad",
     "bench_romanize",
