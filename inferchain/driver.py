@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
@@ -26,6 +27,7 @@ import attrs
 
 from inferchain.core.request import Request
 from inferchain.errors import ConfigError
+from inferchain.utilisation import HostStep
 
 if TYPE_CHECKING:
     from inferchain.config import Recipe
@@ -121,8 +123,12 @@ class PipelineDriver:
         self._active: dict[int, _Task] = {}
         self._on_host = 0  # host steps dispatched whose outcome is not yet taken
         self._pool: ThreadPoolExecutor | None = None
+        metrics = pipeline.oi.metrics
+        self._activity = metrics.activity  # an item in flight counts as activity ...
+        self._host = metrics.host  # ... and its host steps as the host pool's busy time
 
     def run(self, items: Iterable[Any]) -> Iterator[Any]:
+        self._host.started(self.workers)
         if self.workers:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="inferchain-host")
         source = enumerate(items)
@@ -159,6 +165,7 @@ class PipelineDriver:
     def _start(self, index: int, item: Any) -> None:
         task = _Task(index)
         self._active[index] = task
+        self._activity.enter()
         self._dispatch(task, lambda: self._begin(task, item))
 
     def _dispatch(self, task: _Task, step: Callable[[], _Posted]) -> None:
@@ -166,7 +173,7 @@ class PipelineDriver:
         self._on_host += 1
         if self._pool is None:
             try:
-                event = step()
+                event = self._timed(task, step)
             except BaseException:  # e.g. KeyboardInterrupt: nothing is on the host now
                 self._on_host -= 1
                 raise
@@ -176,12 +183,21 @@ class PipelineDriver:
 
         def on_host() -> None:
             try:
-                event = step()
+                event = self._timed(task, step)
             except BaseException as e:  # posted all the same: `_stop` waits for every step
                 event = _Posted(task, True, False, e)
             events.put(event)
 
         self._pool.submit(on_host)
+
+    def _timed(self, task: _Task, step: Callable[[], _Posted]) -> _Posted:
+        """`step()`, its time recorded as the host pool's (any thread)."""
+        start = time.perf_counter()
+        try:
+            return step()
+        finally:
+            thread = threading.current_thread().name
+            self._host.record(HostStep(thread, start, time.perf_counter(), task.index))
 
     def _take_ready(self) -> None:
         """Take the events already queued, without blocking (keeps the caller's queue short
@@ -197,6 +213,7 @@ class PipelineDriver:
         if event.finished:
             del self._active[event.task.index]
             self._results[event.task.index] = (event.ok, event.value)
+            self._activity.leave()
 
     def _stop(self) -> None:
         """End what is in flight: cancel the requests items wait for, let the host steps
@@ -216,6 +233,7 @@ class PipelineDriver:
                 r.cancel()
             if task.gen is not None:
                 task.gen.close()
+            self._activity.leave()
         self._active.clear()
 
     # -- a host thread (or the caller's, without a pool) -----------------------------------

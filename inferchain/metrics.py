@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 
 from inferchain.core.records import NO_STAGES, Batch, BatchTiming
+from inferchain.utilisation import Activity, BusyClock, HostClock, Utilisation, utilisation
 
 __all__ = [
     "NO_STAGES",
@@ -120,9 +121,11 @@ class Stats:
     models: Mapping[str, ModelStats]
     batches: int = 0  # all models
     span_s: float = 0.0  # first submit -> last completion, seconds
+    utilisation: Utilisation | None = None  # workers busy / starved, host pool, padding
 
     def to_dict(self) -> dict[str, object]:
         return {
+            "utilisation": None if self.utilisation is None else self.utilisation.to_dict(),
             "throughput": self.throughput,
             "requests": self.requests,
             "errors": self.errors,
@@ -191,6 +194,9 @@ class ModelMetrics:
         # per slice: (rows, submitted, admitted, dispatched, end, ok)
         self._slices: deque[tuple[int, float, float, float, float, bool]] = deque(maxlen=_CAPACITY)
         self.timeline: deque[BatchTiming] = deque(maxlen=_TIMELINE)
+        self.busy: dict[str, BusyClock] = {}  # per worker name
+        self.elements = 0  # input elements run, and of those padding
+        self.padded = 0
         self.steps = 0  # sequence steps run, and the batches they ran in
         self.step_batches = 0
         self._formed = 0  # step batches formed, and the live sequences at each
@@ -225,6 +231,12 @@ class ModelMetrics:
             self.last_done = end
             self._slices.extend(slices)
             self.timeline.append(timing)
+            clock = self.busy.get(timing.worker)
+            if clock is None:
+                clock = self.busy[timing.worker] = BusyClock()
+            clock.add(timing.picked, end, n)
+            self.elements += timing.elements
+            self.padded += timing.padded
             if timing.steps and ok:
                 self.steps += timing.steps
                 self.step_batches += batch.slices[0].work.steps  # model runs (multi-step)
@@ -309,6 +321,8 @@ class Metrics:
         self.created = time.perf_counter()
         self._lock = threading.Lock()
         self._items = _Rings()  # pipeline stages, per item
+        self.activity = Activity()  # anything in flight: the engine's works, the driver's items
+        self.host = HostClock()  # the pipeline driver's host steps
 
     def record_item(self, stages: Mapping[str, float]) -> None:
         """Seconds one pipeline item spent in each of its own stages (e.g. `pre`, `post`)."""
@@ -357,4 +371,22 @@ class Metrics:
             models=per_model,
             batches=sum(s.batches for s in per_model.values()),
             span_s=span,
+            utilisation=self.utilisation(),
         )
+
+    def utilisation(self) -> Utilisation:
+        """Workers' busy / starved / idle time, the host pool's busy share, padding."""
+        busy: dict[str, BusyClock] = {}
+        padding: dict[str, tuple[int, int]] = {}
+        for name, m in self.models.items():
+            with m._lock:
+                busy.update({w: _copy(c) for w, c in m.busy.items()})
+                padding[name] = (m.padded, m.elements)
+        return utilisation(self.activity, busy, self.host, padding)
+
+
+def _copy(clock: BusyClock) -> BusyClock:
+    out = BusyClock()
+    out.busy_s, out.last_end, out.batches, out.rows = (
+        clock.busy_s, clock.last_end, clock.batches, clock.rows)  # fmt: skip
+    return out

@@ -76,6 +76,11 @@ class Session(Closing, abc.ABC):
         `batch_size` count.
         """
 
+    def padded_rows(self, rows: int) -> int:
+        """The rows the model runs for a batch of `rows` (a fixed batch, or the gear the
+        batch takes); by default `rows` (nothing padded)."""
+        return rows
+
     # -- streams: batches in flight at once ------------------------------------------------
     #
     # A session with `num_streams` K > 1 keeps K independent sets of device buffers, each

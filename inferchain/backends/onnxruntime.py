@@ -123,6 +123,10 @@ class OnnxRuntimeSession(Session):
         except Exception as e:  # onnxruntime raises its own Fail/InvalidArgument types
             raise BackendError(f"onnxruntime: {e}", name=type(e).__name__) from e
 
+    def padded_rows(self, rows: int) -> int:
+        """A model with a fixed batch runs it whole."""
+        return max(rows, self.max_batch_size or 0)
+
     def _pad(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
         """Rows copied into buffers of the model's fixed batch on each input's batch axis
         (the rest is stale); an unbatched input is passed as it is."""

@@ -75,7 +75,13 @@ def write_outputs(report: BenchReport, args: argparse.Namespace) -> None:
     if args.trace:
         from inferchain.tools.trace import write_trace
 
-        write_trace(args.trace, report.timeline, process=report.recipe, workers=report.workers)
+        write_trace(
+            args.trace,
+            report.timeline,
+            process=report.recipe,
+            workers=report.workers,
+            host=report.host_steps,
+        )
         print(f"trace in {args.trace} (open at ui.perfetto.dev)", file=sys.stderr)
     if args.plot:
         from inferchain.tools.plot import plot_timeline

@@ -24,6 +24,7 @@ from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineWrapper, Process
 from inferchain.results import RESULTS, Mode, ResultsFile, input_key
 from inferchain.tools.progress import Progress
+from inferchain.utilisation import format_utilisation
 
 DESCRIPTION = (
     f"Run a recipe's pipeline over input files and write {RESULTS} in the output folder: one "
@@ -89,6 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             with Progress(len(todo), "run", summary=False) as progress:  # a bar on a TTY only
                 failed = run_files(oi, todo, results, out_dir, progress)
             seconds = time.perf_counter() - started
+        use = oi.metrics.utilisation()
+        names = [m.name for m in oi.models]
     rate = len(todo) / seconds if seconds else 0.0
     skipped = len(files) - len(todo)
     left_out = f"{skipped} skipped (done before or beyond --limit), " if skipped else ""
@@ -96,6 +99,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{len(todo)} items, {failed} failed, {left_out}{seconds:.2f}s ({rate:.1f} items/s); "
         f"results in {results.path}"
     )
+    if todo:
+        print("utilisation: " + "; ".join(format_utilisation(use, names)))
     return 1 if failed else 0
 
 

@@ -690,6 +690,7 @@ class ExecutionEngine:
         with self._drained:
             self._outstanding -= 1
             if self._outstanding == 0:
+                self._metrics.activity.leave()
                 self._drained.notify_all()
 
     # -- shared counters ------------------------------------------------------------------
@@ -697,6 +698,8 @@ class ExecutionEngine:
     def _register(self, work: Work) -> None:
         with self._drained:
             self._outstanding += 1
+            if self._outstanding == 1:  # the engine has something in flight again
+                self._metrics.activity.enter()
         requests = work.requests
         if requests is not None:
             if work.formed:  # a batch of sequence steps: their ids are not consecutive

@@ -67,6 +67,8 @@ class BatchTiming:
     stages: Mapping[str, float] = NO_STAGES  # backend split, e.g. h2d/compute/d2h
     stream: int = 0  # the worker's stream it ran on
     steps: int = 0  # sequence steps run: rows that are steps, times the steps of a multi-step batch
+    elements: int = 0  # input elements the model ran (batched inputs, padding included)
+    padded: int = 0  # of which padding: rows up to a fixed batch, dims up to the shape key
 
 
 @attrs.frozen(eq=False)

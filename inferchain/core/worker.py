@@ -9,6 +9,7 @@ and `dead` are written only here; the engine reads them.
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -21,7 +22,14 @@ import numpy as np
 from inferchain.backends.base import Backend, Session, StateRows
 from inferchain.config import ModelConfig
 from inferchain.core.buffers import HostBuffers
-from inferchain.core.records import NO_STAGES, Batch, BatchResult, BatchTiming, WorkerChanged
+from inferchain.core.records import (
+    NO_STAGES,
+    Batch,
+    BatchResult,
+    BatchTiming,
+    ShapeKey,
+    WorkerChanged,
+)
 from inferchain.core.sequences import StatePool
 from inferchain.errors import (
     BackendError,
@@ -134,6 +142,7 @@ class ModelWorker:
         # what `collect` returns and where each keeps its rows (checked on every batch)
         self._returned: tuple[tuple[TensorDesc, ...], tuple[int, ...]] = ((), ())
         self.probed: OutputProbe | None = None  # the real output shapes (prepare with probe)
+        self._sizes: dict[ShapeKey, int] = {}  # elements of one row, per item shape key
         self._layout: Layout | None = None
         self._shared = False  # the model has unbatched inputs (no warm-up with zeros)
         self._in_flight: deque[_InFlight] = deque()
@@ -448,8 +457,30 @@ class ModelWorker:
             return tuple(np.array(o[:n]) for o in outputs)
         return tuple(o if len(o) == n else o[:n] for o in outputs)
 
+    def _elements(self, batch: Batch) -> tuple[int, int]:
+        """Input elements the model ran for `batch` (its batched inputs, padding included),
+        and of those padding: rows up to the session's padded batch, dims up to the key."""
+        session, layout = self.session, self._layout
+        if not self._batching or session is None or layout is None:
+            return 0, 0
+        total = session.padded_rows(batch.rows) * self._row_elements(batch.shape_key)
+        useful = sum(s.rows * self._row_elements(s.work.exact) for s in batch.slices)
+        return total, total - useful
+
+    def _row_elements(self, key: ShapeKey) -> int:
+        """Elements of one row of the batched inputs of item shapes `key` (memoised)."""
+        found = self._sizes.get(key)
+        if found is None:
+            assert self._layout is not None
+            axes = self._layout.inputs
+            found = sum(math.prod(s) for s, a in zip(key, axes, strict=True) if a is not None)
+            if len(self._sizes) < 1024:
+                self._sizes[key] = found
+        return found
+
     def _timing(self, flight: _InFlight, run_end: float, ok: bool) -> BatchTiming:
         batch = flight.batch
+        elements, padded = self._elements(batch)
         stages = getattr(self.session, "last_stages", None)
         return BatchTiming(
             model=batch.model,
@@ -466,6 +497,8 @@ class ModelWorker:
             steps=sum(s.rows * s.work.steps for s in batch.slices if s.work.slots is not None)
             if self.pool is not None
             else 0,
+            elements=elements,
+            padded=padded,
         )
 
     # -- failures -------------------------------------------------------------------------

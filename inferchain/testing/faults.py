@@ -39,6 +39,9 @@ class FaultySession(Session):
         self._owner.before_run()
         return self._inner.run(inputs, batch_size)
 
+    def padded_rows(self, rows: int) -> int:
+        return self._inner.padded_rows(rows)
+
     def close(self) -> None:
         self._owner.count("close")
         self._inner.close()

@@ -325,6 +325,7 @@ def bench(
         timeline=tuple(oi.metrics.timeline()),
         latencies_s=oi.metrics.samples("end_to_end"),
         items=item_stats,
+        host_steps=tuple(oi.metrics.host.snapshot()[3]),
     )
 
 

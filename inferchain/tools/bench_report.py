@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import attrs
@@ -10,6 +11,7 @@ import numpy as np
 
 from inferchain.metrics import BatchTiming, ModelStats, Percentiles, Stats
 from inferchain.tools.table import render
+from inferchain.utilisation import HostStep, Utilisation
 
 Source = Literal["synthetic", "pipeline"]
 Inputs = dict[str, dict[str, list[int]]]  # model -> input -> synthetic item shape
@@ -44,6 +46,7 @@ class BenchReport:
     timeline: tuple[BatchTiming, ...]  # every batch, by the time a worker took it
     latencies_s: np.ndarray  # end to end per request (seconds), for plots
     items: ItemStats | None = None  # the pipeline source only
+    host_steps: tuple[HostStep, ...] = ()  # the pipeline's host steps, for traces
 
     def to_dict(self) -> dict[str, object]:
         """`Stats.to_dict()` (model requests), a `pipeline` section with the pipeline source
@@ -99,6 +102,26 @@ def _sequence_row(m: ModelStats) -> list[object]:
             q.live_max, q.queue_ms.p50, q.queue_ms.p90]  # fmt: skip
 
 
+def utilisation_table(u: Utilisation, models: Sequence[str]) -> list[str]:
+    """Each worker's busy / starved / idle share of the run and its batches, the host pool,
+    the models' padding, and what bounds the run."""
+    rows = [
+        [w.worker, f"{w.busy:.0%}", f"{w.starved:.0%}", f"{1 - w.busy - w.starved:.0%}",
+         w.batches, w.mean_batch]
+        for w in u.workers
+    ]  # fmt: skip
+    headers = ["worker", "busy", "starved", "idle", "batches", "mean batch"]
+    lines = [render(headers, rows)]
+    if u.host_steps:
+        threads = u.host_workers or "the caller's"
+        lines.append(f"host steps: {u.host_steps} on {threads} thread(s), busy {u.host_busy:.0%}")
+    padded = ", ".join(f"{m} {u.padding[m]:.1%}" for m in models if m in u.padding)
+    if padded:
+        lines.append(f"padding (share of input elements run): {padded}")
+    lines.append(f"bound by: {u.bound()} (the busiest of the host pool and the models)")
+    return lines
+
+
 def format_report(report: BenchReport) -> str:
     """The report as `inferchain bench` prints it."""
     s = report.stats
@@ -123,6 +146,8 @@ def format_report(report: BenchReport) -> str:
     sequences = [m for m in s.models.values() if m.sequences is not None]
     if sequences:
         lines += ["", render(_SEQUENCE_HEADERS, [_sequence_row(m) for m in sequences])]
+    if s.utilisation is not None and s.utilisation.workers:
+        lines += ["", *utilisation_table(s.utilisation, list(s.models))]
     stage_headers = ["stage (ms)", "count", "mean", "p50", "p90", "p95", "p99"]
     lines += ["", render(stage_headers, _stage_rows(dict(s.stages), s.latency_ms))]
     if len(s.models) > 1:

@@ -2,8 +2,10 @@
 
 `{"traceEvents": [...]}` with one track (tid) per worker, named by metadata events, and one
 complete ("ph": "X") slice per batch, from a worker taking the batch to its outputs being
-delivered. Open it at ui.perfetto.dev or chrome://tracing. Times are microseconds from the
-first batch (or `origin`).
+delivered; then one track per host thread of a pipeline with a slice per host step (an
+item's pre- or post-processing), so a worker's gaps can be read against the host work that
+fed it. Open it at ui.perfetto.dev or chrome://tracing. Times are microseconds from the
+first batch or host step (or `origin`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from inferchain.metrics import BatchTiming
+from inferchain.utilisation import HostStep
 
 PID = 1
 
@@ -68,19 +71,39 @@ def chrome_trace(
     process: str = "inferchain",
     workers: Sequence[str] = (),
     origin: float | None = None,
+    host: Iterable[HostStep] = (),
 ) -> dict[str, Any]:
-    """The trace of `timeline`; `workers` adds tracks for workers that ran no batch."""
+    """The trace of `timeline` and the `host` steps; `workers` adds tracks for workers that
+    ran no batch."""
     batches = sorted(timeline, key=lambda b: b.picked)
+    steps = sorted(host, key=lambda h: h.start)
     names = sorted({*workers, *(b.worker for b in batches)}, key=_worker_order)
-    tids = {name: i + 1 for i, name in enumerate(names)}
+    threads = sorted({f"host {h.thread}" for h in steps})
+    tids = {name: i + 1 for i, name in enumerate([*names, *threads])}
     if origin is None:
-        origin = batches[0].picked if batches else 0.0
+        starts = [b.picked for b in batches[:1]] + [h.start for h in steps[:1]]
+        origin = min(starts) if starts else 0.0
     events = [_metadata("process_name", 0, process)]
     for name, tid in tids.items():
         events.append(_metadata("thread_name", tid, name))
         events.append(_metadata("thread_sort_index", tid, tid, key="sort_index"))
     events.extend(_slice(b, tids[b.worker], origin) for b in batches)
+    events.extend(_host_slice(h, tids[f"host {h.thread}"], origin) for h in steps)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _host_slice(step: HostStep, tid: int, origin: float) -> dict[str, Any]:
+    start = _us(step.start - origin)
+    return {
+        "name": f"item {step.index}",
+        "cat": "host",
+        "ph": "X",
+        "pid": PID,
+        "tid": tid,
+        "ts": start,
+        "dur": max(_us(step.end - origin) - start, 0.0),
+        "args": {"item": step.index},
+    }
 
 
 def write_trace(
@@ -89,9 +112,10 @@ def write_trace(
     *,
     process: str = "inferchain",
     workers: Sequence[str] = (),
+    host: Iterable[HostStep] = (),
 ) -> Path:
     """Write `chrome_trace(...)` to `path` as JSON; returns the path."""
     out = Path(path)
-    trace = chrome_trace(timeline, process=process, workers=workers)
+    trace = chrome_trace(timeline, process=process, workers=workers, host=host)
     out.write_text(json.dumps(trace, separators=(",", ":")), encoding="utf-8")
     return out

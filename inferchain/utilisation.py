@@ -1,0 +1,239 @@
+"""How busy each worker and the host pool were: the framework's "device utilisation" figure.
+
+Over a run's active span (from the first thing put in flight to the last one ending), each
+worker's time is split three ways:
+
+- busy: a batch of it was running (the union of its batches' pick-up -> delivery spans, so a
+  worker with several streams counts overlapping batches once);
+- starved: idle while something was in flight (items in a pipeline's host steps, works in the
+  engine waiting for a batching window, a dependency, a free slot): the worker could have
+  been fed;
+- idle: nothing at all was in flight (the caller was not submitting).
+
+The host pool's busy share is its threads' time in host steps over its threads times the
+span. A model's padding share is the input elements its batches ran that were padding (rows
+padded to a fixed batch, dims padded to a bucket or to a batch's longest row) over all the
+elements they ran. `Activity` is the one clock of "something is in flight", fed by the
+engine (works submitted, until they settle) and the pipeline driver (items, until they end).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+_HOST_TIMELINE = 4096  # latest host steps kept for traces
+
+
+class Activity:
+    """Counts what is in flight (any thread) and the seconds during which anything was."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._since = 0.0  # when the count last left 0
+        self._active_s = 0.0  # closed active spans, seconds
+        self.first: float | None = None  # the first enter
+        self.last = 0.0  # the last leave to 0 (or enter, while active)
+
+    def enter(self, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            if self._count == 0:
+                self._since = now
+                if self.first is None:
+                    self.first = now
+            self._count += 1
+
+    def leave(self, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            self._count -= 1
+            if self._count == 0:
+                self._active_s += now - self._since
+                self.last = now
+
+    def span(self, now: float | None = None) -> tuple[float, float]:
+        """(seconds from the first enter to the last leave, or to now while active;
+        seconds of those during which anything was in flight)."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            if self.first is None:
+                return 0.0, 0.0
+            if self._count:
+                return now - self.first, self._active_s + now - self._since
+            return self.last - self.first, self._active_s
+
+
+class BusyClock:
+    """One worker's busy seconds: the union of its batches' spans, which end in the order
+    they started (a worker collects its streams in launch order)."""
+
+    __slots__ = ("batches", "busy_s", "last_end", "rows")
+
+    def __init__(self) -> None:
+        self.busy_s = 0.0
+        self.last_end = 0.0
+        self.batches = 0
+        self.rows = 0
+
+    def add(self, picked: float, end: float, rows: int) -> None:
+        start = max(picked, self.last_end)
+        if end > start:
+            self.busy_s += end - start
+        self.last_end = max(self.last_end, end)
+        self.batches += 1
+        self.rows += rows
+
+
+@attrs.frozen
+class HostStep:
+    """One host step of a pipeline item, for traces."""
+
+    thread: str
+    start: float  # perf_counter seconds
+    end: float
+    index: int  # the item's position in its run's input
+
+
+class HostClock:
+    """The pipeline driver's host steps: busy seconds and the pool size (any thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.busy_s = 0.0
+        self.steps = 0
+        self.workers = 0  # the largest pool a run used (0: the caller's thread only)
+        self.timeline: deque[HostStep] = deque(maxlen=_HOST_TIMELINE)
+
+    def started(self, workers: int) -> None:
+        with self._lock:
+            self.workers = max(self.workers, workers)
+
+    def record(self, step: HostStep) -> None:
+        with self._lock:
+            self.busy_s += step.end - step.start
+            self.steps += 1
+            self.timeline.append(step)
+
+    def snapshot(self) -> tuple[float, int, int, list[HostStep]]:
+        with self._lock:
+            return self.busy_s, self.steps, self.workers, list(self.timeline)
+
+
+@attrs.frozen
+class WorkerUse:
+    """One worker over the active span (seconds, and shares of the span)."""
+
+    worker: str
+    busy_s: float
+    starved_s: float  # idle while something was in flight
+    idle_s: float  # idle with nothing in flight
+    batches: int
+    mean_batch: float  # rows per batch
+
+    @property
+    def busy(self) -> float:
+        total = self.busy_s + self.starved_s + self.idle_s
+        return self.busy_s / total if total > 0 else 0.0
+
+    @property
+    def starved(self) -> float:
+        total = self.busy_s + self.starved_s + self.idle_s
+        return self.starved_s / total if total > 0 else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {**attrs.asdict(self), "busy": self.busy, "starved": self.starved}
+
+
+@attrs.frozen
+class Utilisation:
+    """What `oi.stats().utilisation` gives: workers, the host pool, padding per model."""
+
+    span_s: float  # first thing in flight -> last one ended
+    active_s: float  # of which something was in flight
+    workers: tuple[WorkerUse, ...]
+    host_workers: int  # threads of the pipeline's host pool (0: the caller's thread)
+    host_busy_s: float  # seconds in host steps, all threads
+    host_steps: int
+    padding: Mapping[str, float]  # per model: padded input elements / elements run
+
+    @property
+    def host_busy(self) -> float:
+        """The host pool's busy share (threads x span)."""
+        threads = max(self.host_workers, 1)
+        return self.host_busy_s / (threads * self.span_s) if self.span_s > 0 else 0.0
+
+    def bound(self) -> str:
+        """What bounds the run: the busiest of the host pool and the models' workers (by
+        their mean busy share), named "host" or the model's name."""
+        shares: dict[str, list[float]] = {}
+        for w in self.workers:
+            shares.setdefault(w.worker.rpartition("#")[0] or w.worker, []).append(w.busy)
+        candidates = {name: sum(v) / len(v) for name, v in shares.items()}
+        if self.host_steps:
+            candidates["host"] = self.host_busy
+        return max(candidates, key=lambda k: candidates[k]) if candidates else ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "span_s": self.span_s,
+            "active_s": self.active_s,
+            "workers": {w.worker: w.to_dict() for w in self.workers},
+            "host": {
+                "workers": self.host_workers,
+                "busy_s": self.host_busy_s,
+                "steps": self.host_steps,
+                "busy": self.host_busy,
+            },
+            "padding": dict(self.padding),
+            "bound": self.bound(),
+        }
+
+
+def utilisation(
+    activity: Activity,
+    workers: Mapping[str, BusyClock],
+    host: HostClock,
+    padding: Mapping[str, tuple[int, int]],
+) -> Utilisation:
+    """The figures now, from the clocks (`padding`: model -> (padded, total) elements)."""
+    span, active = activity.span()
+    uses = []
+    for name in sorted(workers, key=_worker_order):
+        clock = workers[name]
+        busy = min(clock.busy_s, span) if span > 0 else clock.busy_s
+        starved = max(active - busy, 0.0)
+        idle = max(span - busy - starved, 0.0)
+        mean = clock.rows / clock.batches if clock.batches else 0.0
+        uses.append(WorkerUse(name, busy, starved, idle, clock.batches, mean))
+    host_busy, steps, threads, _ = host.snapshot()
+    shares = {m: (p / t if t else 0.0) for m, (p, t) in padding.items()}
+    return Utilisation(span, active, tuple(uses), threads, host_busy, steps, shares)
+
+
+def _worker_order(name: str) -> tuple[str, int]:
+    model, _, index = name.rpartition("#")
+    return (model, int(index)) if index.isdigit() else (name, -1)
+
+
+def format_utilisation(u: Utilisation, models: Iterable[str] = ()) -> list[str]:
+    """Short lines for a run's summary: each worker, the host pool, padding, the bound."""
+    lines = []
+    for w in u.workers:
+        lines.append(
+            f"{w.worker}: busy {w.busy:.0%}, starved {w.starved:.0%} "
+            f"({w.batches} batches, mean {w.mean_batch:.1f} rows)"
+        )
+    if u.host_steps:
+        lines.append(f"host: {u.host_workers or 'caller'} thread(s) busy {u.host_busy:.0%}")
+    padded = [f"{m} {u.padding[m]:.1%}" for m in models if u.padding.get(m)]
+    if padded:
+        lines.append("padding: " + ", ".join(padded))
+    if u.bound():
+        lines.append(f"bound by: {u.bound()}")
+    return lines
