@@ -95,7 +95,9 @@ import os
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import attrs
 import numpy as np
 
 from inferchain.testing.fake_acl._core import (
@@ -103,7 +105,6 @@ from inferchain.testing.fake_acl._core import (
     INVALID_RESOURCE_HANDLE,
     REPEAT_FINALIZE,
     REPEAT_INITIALIZE,
-    UNINITIALIZE,
     DataBuffer,
     Fail,
     Injection,
@@ -123,7 +124,11 @@ from inferchain.testing.fake_acl._model import (
     CompileOptions,
     compile_model,
 )
+from inferchain.testing.fake_acl._report import ThreadUtil
 from inferchain.testing.fake_acl._rt import FakeRt, Stream
+
+if TYPE_CHECKING:
+    from inferchain.config import Recipe
 
 __all__ = ["Execution", "FakeAcl", "FakeAclCrash", "Slice", "write_fake_om"]
 
@@ -143,6 +148,7 @@ def write_fake_om(
     batch: int | None = None,
     dynamic_batch: Sequence[int] = (),
     dynamic_hw: Sequence[tuple[int, int]] = (),
+    dynamic_dims: Sequence[Sequence[int]] = (),
 ) -> Path:
     """Write a fake `.om` file: a small header naming `onnx` (relative to `path`'s folder or
     absolute) and how it is compiled. Only FakeAcl can load it."""
@@ -151,6 +157,7 @@ def write_fake_om(
         "batch": batch,
         "dynamic_batch": list(dynamic_batch),
         "dynamic_hw": [list(hw) for hw in dynamic_hw],
+        "dynamic_dims": [list(g) for g in dynamic_dims],
     }
     out = Path(path)
     out.write_bytes(OM_MAGIC + json.dumps(spec).encode())
@@ -166,8 +173,8 @@ def _key(path: PathKey) -> str:
     return os.path.realpath(os.fspath(path))
 
 
-class FakeUtil(Namespace):
-    """`acl.util`: host pointers to and from Python objects."""
+class FakeUtil(ThreadUtil):
+    """`acl.util`: host pointers to and from Python objects; report threads (`_report`)."""
 
     @api("util.bytes_to_ptr", "O")
     def bytes_to_ptr(self, data: bytes) -> int:
@@ -205,6 +212,7 @@ class FakeAcl(Namespace):
         *,
         dynamic_batch: Mapping[PathKey, Sequence[int]] | None = None,
         dynamic_hw: Mapping[PathKey, Sequence[tuple[int, int]]] | None = None,
+        dynamic_dims: Mapping[PathKey, Sequence[Sequence[int]]] | None = None,
         static_batch: int | Mapping[PathKey, int] = 1,
         device_count: int = 1,
         device_memory: int = 4 << 30,
@@ -227,6 +235,8 @@ class FakeAcl(Namespace):
             self._options[_key(path)] = CompileOptions(dynamic_batch=tuple(gears))
         for path, hws in (dynamic_hw or {}).items():
             self._options[_key(path)] = CompileOptions(dynamic_hw=tuple(hws))
+        for path, dims in (dynamic_dims or {}).items():
+            self._options[_key(path)] = CompileOptions(dynamic_dims=tuple(map(tuple, dims)))
         if isinstance(static_batch, int):
             self._default_batch, self._batches = static_batch, {}
         else:
@@ -238,6 +248,19 @@ class FakeAcl(Namespace):
         self.util = FakeUtil(state)
         weakref.finalize(self, _stop_streams, state.streams)  # leaked streams' threads
 
+    @classmethod
+    def for_recipe(cls, recipe: Recipe, **options: Any) -> FakeAcl:
+        """A fake whose models are "compiled" from `recipe` as ATC would compile them for it
+        (`fake_acl._recipe`): batch gears 1, 2, 4, ... up to each model's `max_batch_size`
+        (static batch 1 without batching); a model with `shapes: {strategy: buckets}` gets
+        dims gears instead, one per batch gear and bucket. `options` go to `FakeAcl()`."""
+        from inferchain.testing.fake_acl._recipe import compile_options
+
+        fake = cls(**options)
+        for path, compiled in compile_options(recipe).items():
+            fake._options[_key(path)] = compiled
+        return fake
+
     def _compile(self, source: Path | bytes, where: str) -> CompiledModel:
         if isinstance(source, bytes):
             return compile_model(source, None, self._default_batch, where)
@@ -246,7 +269,7 @@ class FakeAcl(Namespace):
             options = self._options.get(key)
             batch = self._batches.get(key, self._default_batch)
             if options is not None and options.batch is None and key in self._batches:
-                options = CompileOptions(batch, options.dynamic_batch, options.dynamic_hw)
+                options = attrs.evolve(options, batch=batch)
             self._compiled[key] = compile_model(source, options, batch, where)
         return self._compiled[key]
 
@@ -259,16 +282,20 @@ class FakeAcl(Namespace):
             if st.initialized:
                 raise Fail(REPEAT_INITIALIZE, "acl.init() was already called in this process")
             st.initialized = True
+            st.was_finalized = False
         return 0
 
     @api("finalize", "")
     def finalize(self) -> int:
+        """`aclFinalizeImpl` (hicann/runtime src/acl/aclrt_impl/acl.cpp) refuses only a
+        repeated finalize (100037, its `aclFinalizeFlag`, cleared by the next `aclInit`);
+        before any `init` it finalizes nothing and succeeds."""
         st = self._state
         with st.lock:
             if not st.initialized:
                 if st.was_finalized:
                     raise Fail(REPEAT_FINALIZE, "acl.finalize() was already called")
-                raise Fail(UNINITIALIZE, "acl.finalize() before acl.init()")
+                return 0
             st.initialized = False
             st.was_finalized = True
         _stop_streams(st.streams)  # leaked streams stay in the ledger; their threads stop
@@ -306,6 +333,13 @@ class FakeAcl(Namespace):
     def get_data_buffer_size_v2(self, data_buffer: int) -> int:
         return self._data_buffer(data_buffer).size
 
+    @api("app_log", "is")
+    def app_log(self, level: int, message: str) -> None:
+        """pyACL's `WrapAclAppLog` (format "is"): writes one line to the CANN application
+        log and returns None. Here the lines are kept in `app_logs`."""
+        with self._state.lock:
+            self._state.app_logs.append((level, message))
+
     @api("get_recent_err_msg", "")
     def get_recent_err_msg(self) -> str:
         return self._state.recent_error
@@ -335,6 +369,8 @@ class FakeAcl(Namespace):
                 "device_memory": len(st.memory),
                 "host_memory": len(st.host),
                 "devices": sum(st.device_refs.values()),
+                "threads": len(st.threads),
+                "subscriptions": len(st.subscribed),
             }
 
     def device_bytes_in_use(self, device: int = 0) -> int:
@@ -371,6 +407,18 @@ class FakeAcl(Namespace):
         with self._state.lock:
             st = self._state
             return {d: (st.copies[d], st.copied[d]) for d in ("h2d", "d2h", "d2d", "h2h")}
+
+    @property
+    def app_logs(self) -> list[tuple[int, str]]:
+        """Every `acl.app_log(level, message)` line, in order (a copy)."""
+        with self._state.lock:
+            return list(self._state.app_logs)
+
+    @property
+    def callback_errors(self) -> list[Exception]:
+        """What stream callbacks raised (pyACL logs and drops them), in order (a copy)."""
+        with self._state.lock:
+            return list(self._state.callback_errors)
 
     @property
     def executions(self) -> list[Execution]:
