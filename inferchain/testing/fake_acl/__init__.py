@@ -16,6 +16,12 @@ Runtime on the CPU (1 thread) on the stream's own thread. How it is "compiled" (
 - dynamic batch: `FakeAcl(dynamic_batch={path: [1, 2, 4, 8]})`. Dims report -1 for the batch
   and an extra last input `ascend_mbatch_shape_data` (int64, dims [1]) appears; buffers are
   sized for the largest gear; `mdl.set_dynamic_batch_size` selects the gear.
+- dims gears: `FakeAcl(dynamic_dims={path: [(v, ...), ...]})`, one value per dynamic dim of
+  every input, in input order (ATC's `--dynamic_dims`); `mdl.get_input_dynamic_gear_count`,
+  `mdl.get_input_dynamic_dims` (each gear as every input's shape, concatenated) and
+  `mdl.set_input_dynamic_dims` select them.
+- from a recipe: `FakeAcl.for_recipe(recipe)` (`fake_acl._recipe`): batch gears from
+  `max_batch_size`, dims gears from `shapes: buckets`.
 - dynamic image size: `FakeAcl(dynamic_hw={path: [(h, w), ...]})` for NCHW inputs whose H/W
   are dynamic in the ONNX file; batch as for static models; dims report -1 for H and W;
   `ascend_mbatch_shape_data` has dims [2]; `mdl.set_dynamic_hw_size` selects the gear and
@@ -41,8 +47,11 @@ Arguments are parsed as pyACL's C wrappers do (`fake_acl._args`): positional onl
 and sizes must be Python ints (numpy ints are a TypeError), `init()`'s path is a str or
 absent (None is a TypeError).
 
-Rules the card enforces too (code returned):
-- use before `init` or after `finalize`: 100001; `init` twice: 100002; `finalize` twice: 100037.
+Rules the card enforces too (code returned), each from the CANN sources (file and function
+in the module that models it):
+- only the calls that reach GE's model executor need `init` (load, get_desc, execute, unload:
+  145001, `_core.NEEDS_INIT`); `rt.get_run_mode` and the other rt calls answer before it;
+  `init` twice: 100002; `finalize` twice: 100037; `finalize` before any `init`: 0.
 - a thread without a current context (never set_device / create_context / set_context):
   107002 on calls that need one (malloc, memcpy, streams, events, load, execute, unload ...);
   `rt.free` and `rt.synchronize_stream` need none (the runtime switches to the stream's
@@ -62,10 +71,18 @@ Rules the card enforces too (code returned):
 - unknown / already destroyed handles: 107000 for rt objects (context, stream, event, device
   or host memory), 200005 for desc, dataset and data buffer, 100011 for a model_id.
 - `destroy_context` also destroys the context's streams, as the runtime does.
-- execute with the wrong number or size of buffers: 100017 (inputs) / 100018 (outputs); a
-  gear that was never set in `ascend_mbatch_shape_data`: 145013 (batch) / 145021 (HW),
+- execute: after `set_dynamic_*` / `set_input_dynamic_dims` put a gear in the input dataset,
+  buffers sized for that gear are accepted (GE checks no size on a dynamic run); otherwise
+  the wrong number of buffers or one smaller than the model's size: 145000 (`fake_acl._mdl`).
+  A gear never set in `ascend_mbatch_shape_data`: 145013 (batch) / 145021 (HW, dims),
   reported by `synchronize_stream`; `set_dynamic_*` with a value that is not a gear: 145013 /
   145021, on a model without such gears: 100019; loading a file that is no model: 100003.
+- callbacks (`fake_acl._report`): `util.start_thread` / `stop_thread`,
+  `rt.subscribe_report` / `unsubscribe_report`, `rt.launch_callback` (107015 on a stream no
+  thread subscribed), `rt.process_report(timeout_ms)` (507012 on timeout, 107012 from a
+  thread subscribed to nothing). A callback runs on its report thread once the work before it
+  on its stream is done (a stream order point); a blocking one holds the stream.
+- `acl.app_log(level, message)` returns None; the lines are kept in `app_logs`.
 
 Rules stricter than the card (107000 here; the card would race, read stale bytes or leak
 silently), so code that is wrong on hardware fails here on every run. All are decided by the
@@ -80,11 +97,15 @@ order of calls (a happens-before ledger, `fake_acl._order`), never by timing:
 - the teardown ledger: destroying a stream, event or model with work the host has not
   synchronized; destroying a context that still has events or models; the last
   `reset_device` of a device that still has contexts, streams, models or memory.
-Not modelled: the default stream (0 is refused with 107000), callbacks, AIPP, op execution.
+- a callback that allocates, frees, synchronizes or launches; `unsubscribe_report` with
+  callbacks not yet run; destroying a subscribed stream; a buffer smaller than the running
+  gear needs (the card reads or writes past it); a static buffer short of the model's size
+  by 64 bytes or less (GE lets it pass).
+Not modelled: the default stream (0 is refused with 107000), AIPP, op execution.
 
-For tests: `live_handles()`, `call_count(name)`, `copies()` (count and bytes per direction),
-`calls`, `errors`, `executions`, `slices`, `inject(call, code, nth=None, p=None)` and
-`clear_injections()`.
+For tests: `live_handles()`, `call_count(name)`, `app_logs`, `callback_errors`, `copies()`
+(count and bytes per direction), `calls`, `errors`, `executions`, `slices`,
+`inject(call, code, nth=None, p=None)` and `clear_injections()`.
 """
 
 from __future__ import annotations

@@ -132,9 +132,6 @@ class CompiledModel:
         self.static_batch = self._batch_of(options.batch, static_batch)
         self._data_inputs = [self._input(a) for a in session.get_inputs()]
         if self.dims_gears:
-            self._data_inputs = [self._sized(s) for s in self._data_inputs]
-        self.inputs = list(self._data_inputs)
-        if self.dims_gears:
             n = self._offset
             bad = [g for g in self.dims_gears if len(g) != n or min(g, default=1) <= 0]
             if bad:
@@ -143,6 +140,8 @@ class CompiledModel:
                     f"{where}: dims gear {list(bad[0])} does not give {n} positive values "
                     "(one per dynamic dim)",
                 )
+            self._data_inputs = [self._sized(s) for s in self._data_inputs]
+        self.inputs = list(self._data_inputs)
         if self.batch_gears or self.hw_gears or self.dims_gears:
             n = 1 if self.batch_gears else 2 if self.hw_gears else self._offset
             self.inputs.append(IOSpec(MBATCH_INPUT, (n,), ACL_INT64, np.dtype(np.int64), 8 * n))
