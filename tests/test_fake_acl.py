@@ -119,11 +119,21 @@ def blocked_execute(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event
 # -- lifecycle ----------------------------------------------------------------------------
 
 
-def test_calls_before_init_return_uninitialize() -> None:
+def test_only_the_model_executor_needs_init(mlp: str) -> None:
+    """rt calls answer before init; the model calls (GE's executor) give 145001."""
     acl = FakeAcl()
-    assert acl.rt.set_device(0) == 100001
-    assert acl.rt.create_stream() == (0, 100001)
+    assert acl.rt.get_run_mode() == (1, 0)
+    assert acl.rt.set_device(0) == 0
+    assert acl.mdl.load_from_file(mlp) == (0, 145001)
     assert "acl.init()" in acl.get_recent_err_msg()
+    assert acl.init() == 0
+    model_id, ret = acl.mdl.load_from_file(mlp)
+    assert ret == 0
+    assert acl.finalize() == 0
+    assert acl.mdl.unload(model_id) == 145001  # the executor is gone after finalize
+    assert acl.init() == 0  # aclInit after aclFinalize initialises again
+    assert acl.mdl.unload(model_id) == 0
+    assert acl.rt.reset_device(0) == 0
 
 
 def test_init_twice_is_repeat_initialize(acl: FakeAcl) -> None:
@@ -133,11 +143,10 @@ def test_init_twice_is_repeat_initialize(acl: FakeAcl) -> None:
 def test_finalize_twice_is_repeat_finalize(acl: FakeAcl) -> None:
     assert acl.finalize() == 0
     assert acl.finalize() == 100037
-    assert acl.rt.set_device(0) == 100001  # unusable after finalize
 
 
-def test_finalize_before_init_is_uninitialize() -> None:
-    assert FakeAcl().finalize() == 100001
+def test_finalize_before_init_succeeds() -> None:
+    assert FakeAcl().finalize() == 0  # aclFinalizeImpl refuses only a repeated finalize
 
 
 def test_clean_teardown_leaves_nothing_live(acl: FakeAcl, mlp: str) -> None:
@@ -369,13 +378,13 @@ def test_execute_checks_the_datasets(acl: FakeAcl, mlp: str) -> None:
     mdl, stream = acl.mdl, loaded.stream
     outputs_as_inputs = loaded.outputs[0]  # two buffers, but smaller than the inputs need
     assert mdl.execute_async(loaded.model_id, outputs_as_inputs, loaded.outputs[0], stream) == (
-        100017
+        145000
     )
     small_out = mdl.create_dataset()
     for size in (4, 4):
         ptr, _ = acl.rt.malloc(size, HUGE_FIRST)
         mdl.add_dataset_buffer(small_out, acl.create_data_buffer(ptr, size))
-    assert mdl.execute_async(loaded.model_id, loaded.inputs[0], small_out, stream) == 100018
+    assert mdl.execute_async(loaded.model_id, loaded.inputs[0], small_out, stream) == 145000
 
 
 def test_loading_something_that_is_not_a_model(acl: FakeAcl, tmp_path: Path) -> None:

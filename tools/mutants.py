@@ -25,9 +25,11 @@ import attrs
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "backends.md"
-TESTS = ["tests/test_backend_acl.py", "tests/test_acl_chain.py"]
+TESTS = ["tests/test_backend_acl.py", "tests/test_acl_chain.py", "tests/test_fake_acl_samples.py"]
 ACL = "inferchain/backends/acl.py"
 BUFFERS = "inferchain/backends/acl_buffers.py"
+REPORT = "inferchain/testing/fake_acl/_report.py"  # the fake itself: its new surface
+MDL = "inferchain/testing/fake_acl/_mdl.py"
 TIMEOUT_S = 600
 
 
@@ -160,6 +162,24 @@ MUTATIONS = [
         BUFFERS,
         'attempt(acl.destroy_data_buffer(slot.buffer), "destroy_data_buffer")',
         "None",
+    ),
+    Mutation(
+        "fake-callback-before-its-stream-work",
+        REPORT,
+        "    synchronized(st, report.clock)\n",
+        "",
+    ),
+    Mutation(
+        "fake-callback-without-subscription",
+        REPORT,
+        "            if tid is None:\n",
+        "            if False:\n",
+    ),
+    Mutation(
+        "fake-gear-sized-buffers-refused",
+        MDL,
+        "        gear = self._dataset(in_ds).gear  # a dynamic run: GE checks no sizes\n",
+        "        gear = None\n",
     ),
 ]
 

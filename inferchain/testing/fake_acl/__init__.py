@@ -16,6 +16,12 @@ Runtime on the CPU (1 thread) on the stream's own thread. How it is "compiled" (
 - dynamic batch: `FakeAcl(dynamic_batch={path: [1, 2, 4, 8]})`. Dims report -1 for the batch
   and an extra last input `ascend_mbatch_shape_data` (int64, dims [1]) appears; buffers are
   sized for the largest gear; `mdl.set_dynamic_batch_size` selects the gear.
+- dims gears: `FakeAcl(dynamic_dims={path: [(v, ...), ...]})`, one value per dynamic dim of
+  every input, in input order (ATC's `--dynamic_dims`); `mdl.get_input_dynamic_gear_count`,
+  `mdl.get_input_dynamic_dims` (each gear as every input's shape, concatenated) and
+  `mdl.set_input_dynamic_dims` select them.
+- from a recipe: `FakeAcl.for_recipe(recipe)` (`fake_acl._recipe`): batch gears from
+  `max_batch_size`, dims gears from `shapes: buckets`.
 - dynamic image size: `FakeAcl(dynamic_hw={path: [(h, w), ...]})` for NCHW inputs whose H/W
   are dynamic in the ONNX file; batch as for static models; dims report -1 for H and W;
   `ascend_mbatch_shape_data` has dims [2]; `mdl.set_dynamic_hw_size` selects the gear and
@@ -41,8 +47,11 @@ Arguments are parsed as pyACL's C wrappers do (`fake_acl._args`): positional onl
 and sizes must be Python ints (numpy ints are a TypeError), `init()`'s path is a str or
 absent (None is a TypeError).
 
-Rules the card enforces too (code returned):
-- use before `init` or after `finalize`: 100001; `init` twice: 100002; `finalize` twice: 100037.
+Rules the card enforces too (code returned), each from the CANN sources (file and function
+in the module that models it):
+- only the calls that reach GE's model executor need `init` (load, get_desc, execute, unload:
+  145001, `_core.NEEDS_INIT`); `rt.get_run_mode` and the other rt calls answer before it;
+  `init` twice: 100002; `finalize` twice: 100037; `finalize` before any `init`: 0.
 - a thread without a current context (never set_device / create_context / set_context):
   107002 on calls that need one (malloc, memcpy, streams, events, load, execute, unload ...);
   `rt.free` and `rt.synchronize_stream` need none (the runtime switches to the stream's
@@ -62,10 +71,18 @@ Rules the card enforces too (code returned):
 - unknown / already destroyed handles: 107000 for rt objects (context, stream, event, device
   or host memory), 200005 for desc, dataset and data buffer, 100011 for a model_id.
 - `destroy_context` also destroys the context's streams, as the runtime does.
-- execute with the wrong number or size of buffers: 100017 (inputs) / 100018 (outputs); a
-  gear that was never set in `ascend_mbatch_shape_data`: 145013 (batch) / 145021 (HW),
+- execute: after `set_dynamic_*` / `set_input_dynamic_dims` put a gear in the input dataset,
+  buffers sized for that gear are accepted (GE checks no size on a dynamic run); otherwise
+  the wrong number of buffers or one smaller than the model's size: 145000 (`fake_acl._mdl`).
+  A gear never set in `ascend_mbatch_shape_data`: 145013 (batch) / 145021 (HW, dims),
   reported by `synchronize_stream`; `set_dynamic_*` with a value that is not a gear: 145013 /
   145021, on a model without such gears: 100019; loading a file that is no model: 100003.
+- callbacks (`fake_acl._report`): `util.start_thread` / `stop_thread`,
+  `rt.subscribe_report` / `unsubscribe_report`, `rt.launch_callback` (107015 on a stream no
+  thread subscribed), `rt.process_report(timeout_ms)` (507012 on timeout, 107012 from a
+  thread subscribed to nothing). A callback runs on its report thread once the work before it
+  on its stream is done (a stream order point); a blocking one holds the stream.
+- `acl.app_log(level, message)` returns None; the lines are kept in `app_logs`.
 
 Rules stricter than the card (107000 here; the card would race, read stale bytes or leak
 silently), so code that is wrong on hardware fails here on every run. All are decided by the
@@ -80,11 +97,15 @@ order of calls (a happens-before ledger, `fake_acl._order`), never by timing:
 - the teardown ledger: destroying a stream, event or model with work the host has not
   synchronized; destroying a context that still has events or models; the last
   `reset_device` of a device that still has contexts, streams, models or memory.
-Not modelled: the default stream (0 is refused with 107000), callbacks, AIPP, op execution.
+- a callback that allocates, frees, synchronizes or launches; `unsubscribe_report` with
+  callbacks not yet run; destroying a subscribed stream; a buffer smaller than the running
+  gear needs (the card reads or writes past it); a static buffer short of the model's size
+  by 64 bytes or less (GE lets it pass).
+Not modelled: the default stream (0 is refused with 107000), AIPP, op execution.
 
-For tests: `live_handles()`, `call_count(name)`, `copies()` (count and bytes per direction),
-`calls`, `errors`, `executions`, `slices`, `inject(call, code, nth=None, p=None)` and
-`clear_injections()`.
+For tests: `live_handles()`, `call_count(name)`, `app_logs`, `callback_errors`, `copies()`
+(count and bytes per direction), `calls`, `errors`, `executions`, `slices`,
+`inject(call, code, nth=None, p=None)` and `clear_injections()`.
 """
 
 from __future__ import annotations
@@ -95,7 +116,9 @@ import os
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import attrs
 import numpy as np
 
 from inferchain.testing.fake_acl._core import (
@@ -103,7 +126,6 @@ from inferchain.testing.fake_acl._core import (
     INVALID_RESOURCE_HANDLE,
     REPEAT_FINALIZE,
     REPEAT_INITIALIZE,
-    UNINITIALIZE,
     DataBuffer,
     Fail,
     Injection,
@@ -123,7 +145,11 @@ from inferchain.testing.fake_acl._model import (
     CompileOptions,
     compile_model,
 )
+from inferchain.testing.fake_acl._report import ThreadUtil
 from inferchain.testing.fake_acl._rt import FakeRt, Stream
+
+if TYPE_CHECKING:
+    from inferchain.config import Recipe
 
 __all__ = ["Execution", "FakeAcl", "FakeAclCrash", "Slice", "write_fake_om"]
 
@@ -143,6 +169,7 @@ def write_fake_om(
     batch: int | None = None,
     dynamic_batch: Sequence[int] = (),
     dynamic_hw: Sequence[tuple[int, int]] = (),
+    dynamic_dims: Sequence[Sequence[int]] = (),
 ) -> Path:
     """Write a fake `.om` file: a small header naming `onnx` (relative to `path`'s folder or
     absolute) and how it is compiled. Only FakeAcl can load it."""
@@ -151,6 +178,7 @@ def write_fake_om(
         "batch": batch,
         "dynamic_batch": list(dynamic_batch),
         "dynamic_hw": [list(hw) for hw in dynamic_hw],
+        "dynamic_dims": [list(g) for g in dynamic_dims],
     }
     out = Path(path)
     out.write_bytes(OM_MAGIC + json.dumps(spec).encode())
@@ -166,8 +194,8 @@ def _key(path: PathKey) -> str:
     return os.path.realpath(os.fspath(path))
 
 
-class FakeUtil(Namespace):
-    """`acl.util`: host pointers to and from Python objects."""
+class FakeUtil(ThreadUtil):
+    """`acl.util`: host pointers to and from Python objects; report threads (`_report`)."""
 
     @api("util.bytes_to_ptr", "O")
     def bytes_to_ptr(self, data: bytes) -> int:
@@ -205,6 +233,7 @@ class FakeAcl(Namespace):
         *,
         dynamic_batch: Mapping[PathKey, Sequence[int]] | None = None,
         dynamic_hw: Mapping[PathKey, Sequence[tuple[int, int]]] | None = None,
+        dynamic_dims: Mapping[PathKey, Sequence[Sequence[int]]] | None = None,
         static_batch: int | Mapping[PathKey, int] = 1,
         device_count: int = 1,
         device_memory: int = 4 << 30,
@@ -227,6 +256,8 @@ class FakeAcl(Namespace):
             self._options[_key(path)] = CompileOptions(dynamic_batch=tuple(gears))
         for path, hws in (dynamic_hw or {}).items():
             self._options[_key(path)] = CompileOptions(dynamic_hw=tuple(hws))
+        for path, dims in (dynamic_dims or {}).items():
+            self._options[_key(path)] = CompileOptions(dynamic_dims=tuple(map(tuple, dims)))
         if isinstance(static_batch, int):
             self._default_batch, self._batches = static_batch, {}
         else:
@@ -238,6 +269,19 @@ class FakeAcl(Namespace):
         self.util = FakeUtil(state)
         weakref.finalize(self, _stop_streams, state.streams)  # leaked streams' threads
 
+    @classmethod
+    def for_recipe(cls, recipe: Recipe, **options: Any) -> FakeAcl:
+        """A fake whose models are "compiled" from `recipe` as ATC would compile them for it
+        (`fake_acl._recipe`): batch gears 1, 2, 4, ... up to each model's `max_batch_size`
+        (static batch 1 without batching); a model with `shapes: {strategy: buckets}` gets
+        dims gears instead, one per batch gear and bucket. `options` go to `FakeAcl()`."""
+        from inferchain.testing.fake_acl._recipe import compile_options
+
+        fake = cls(**options)
+        for path, compiled in compile_options(recipe).items():
+            fake._options[_key(path)] = compiled
+        return fake
+
     def _compile(self, source: Path | bytes, where: str) -> CompiledModel:
         if isinstance(source, bytes):
             return compile_model(source, None, self._default_batch, where)
@@ -246,7 +290,7 @@ class FakeAcl(Namespace):
             options = self._options.get(key)
             batch = self._batches.get(key, self._default_batch)
             if options is not None and options.batch is None and key in self._batches:
-                options = CompileOptions(batch, options.dynamic_batch, options.dynamic_hw)
+                options = attrs.evolve(options, batch=batch)
             self._compiled[key] = compile_model(source, options, batch, where)
         return self._compiled[key]
 
@@ -259,16 +303,20 @@ class FakeAcl(Namespace):
             if st.initialized:
                 raise Fail(REPEAT_INITIALIZE, "acl.init() was already called in this process")
             st.initialized = True
+            st.was_finalized = False
         return 0
 
     @api("finalize", "")
     def finalize(self) -> int:
+        """`aclFinalizeImpl` (hicann/runtime src/acl/aclrt_impl/acl.cpp) refuses only a
+        repeated finalize (100037, its `aclFinalizeFlag`, cleared by the next `aclInit`);
+        before any `init` it finalizes nothing and succeeds."""
         st = self._state
         with st.lock:
             if not st.initialized:
                 if st.was_finalized:
                     raise Fail(REPEAT_FINALIZE, "acl.finalize() was already called")
-                raise Fail(UNINITIALIZE, "acl.finalize() before acl.init()")
+                return 0
             st.initialized = False
             st.was_finalized = True
         _stop_streams(st.streams)  # leaked streams stay in the ledger; their threads stop
@@ -306,6 +354,13 @@ class FakeAcl(Namespace):
     def get_data_buffer_size_v2(self, data_buffer: int) -> int:
         return self._data_buffer(data_buffer).size
 
+    @api("app_log", "is")
+    def app_log(self, level: int, message: str) -> None:
+        """pyACL's `WrapAclAppLog` (format "is"): writes one line to the CANN application
+        log and returns None. Here the lines are kept in `app_logs`."""
+        with self._state.lock:
+            self._state.app_logs.append((level, message))
+
     @api("get_recent_err_msg", "")
     def get_recent_err_msg(self) -> str:
         return self._state.recent_error
@@ -335,6 +390,8 @@ class FakeAcl(Namespace):
                 "device_memory": len(st.memory),
                 "host_memory": len(st.host),
                 "devices": sum(st.device_refs.values()),
+                "threads": len(st.threads),
+                "subscriptions": len(st.subscribed),
             }
 
     def device_bytes_in_use(self, device: int = 0) -> int:
@@ -371,6 +428,18 @@ class FakeAcl(Namespace):
         with self._state.lock:
             st = self._state
             return {d: (st.copies[d], st.copied[d]) for d in ("h2d", "d2h", "d2d", "h2h")}
+
+    @property
+    def app_logs(self) -> list[tuple[int, str]]:
+        """Every `acl.app_log(level, message)` line, in order (a copy)."""
+        with self._state.lock:
+            return list(self._state.app_logs)
+
+    @property
+    def callback_errors(self) -> list[Exception]:
+        """What stream callbacks raised (pyACL logs and drops them), in order (a copy)."""
+        with self._state.lock:
+            return list(self._state.callback_errors)
 
     @property
     def executions(self) -> list[Execution]:

@@ -1,6 +1,7 @@
 """FakeAcl's shared core: error codes, the call wrapper, the ledger and fault injection.
 
-Every public fake call goes through `api()`: it counts the call, refuses it before `init`,
+Every public fake call goes through `api()`: it counts the call, refuses the calls that need
+`init` (those that reach GE's model executor, `NEEDS_INIT`) and those a callback must not make,
 fires injected faults, and turns an internal `Fail` into the call's documented return shape
 (a bare code, `(0, code)`, `({}, code)`, a NULL value ...), as pyACL reports errors.
 """
@@ -24,6 +25,7 @@ from inferchain.testing.fake_acl._order import Clock
 if TYPE_CHECKING:
     from inferchain.testing.fake_acl._mdl import Dataset, Desc, Execution, LoadedModel
     from inferchain.testing.fake_acl._memory import DeviceMemory, HostMemory
+    from inferchain.testing.fake_acl._report import Reports
     from inferchain.testing.fake_acl._rt import Context, Event, Landing, Stream
 
 SUCCESS = 0
@@ -45,12 +47,49 @@ RT_MODEL_CONTEXT = 107004
 RT_EVENT_TIMESTAMP_INVALID = 107006
 RT_ADDR_UNALIGNED = 107008
 RT_MEMORY_ALLOCATION = 207001
+RT_STREAM_SUBSCRIBE = 107011
+RT_THREAD_SUBSCRIBE = 107012
+RT_STREAM_NO_CB_REG = 107015
+RT_REPORT_TIMEOUT = 507012
+GE_PARAM_INVALID = 145000
+GE_EXEC_NOT_INIT = 145001
 GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
 GE_SHAPE_INVALID = 145021
 INTERNAL_ERROR = 500000
 
-
-_NO_INIT_NEEDED = frozenset({"init", "finalize", "get_recent_err_msg"})  # finalize: own rule
+# Which calls need `acl.init()`. In hicann/runtime's acl (src/acl/aclrt_impl/acl.cpp,
+# device.cpp) only the dump calls check the init flag (`GetAclInitFlag`, toolchain/dump.cpp);
+# `aclrtGetRunModeImpl` asks `rtGetRunMode` directly, and the rt calls go straight to the
+# runtime. The model calls reach GE's `GeExecutor` (graphengine ge/executor/ge_executor.cc),
+# whose LoadModelFromData / LoadDataFromFile / ExecModel / UnloadModel / GetModelDescInfo
+# return ACL_ERROR_GE_EXEC_NOT_INIT (145001) while `isInit_` is false (aclInit initialises
+# it, aclFinalize finalizes it). Everything else answers before init too.
+NEEDS_INIT = frozenset(
+    {
+        "mdl.load_from_file",
+        "mdl.load_from_mem",
+        "mdl.get_desc",
+        "mdl.execute",
+        "mdl.execute_async",
+        "mdl.unload",
+    }
+)
+# What a callback must not call (it runs on the report thread, inside process_report):
+# it would deadlock or reorder the stream it is an order point of. Stricter than the card.
+NOT_IN_CALLBACK = frozenset(
+    {
+        "rt.malloc",
+        "rt.free",
+        "rt.malloc_host",
+        "rt.free_host",
+        "rt.synchronize_stream",
+        "rt.synchronize_event",
+        "rt.launch_callback",
+        "rt.memcpy_async",
+        "mdl.execute_async",
+        "mdl.execute",
+    }
+)
 
 
 class Fail(Exception):
@@ -149,6 +188,12 @@ class State:
         self.copy_bandwidth: float | None = None  # bytes per second; None = instant
         self.compute_scale: float = 1.0  # simulated compute = ONNX Runtime time x this
         self.engines: dict[tuple[int, str], threading.Lock] = {}  # (device, direction)
+        # callbacks: report threads (acl.util.start_thread) and stream subscriptions
+        self.threads: dict[int, threading.Thread] = {}  # thread id -> its thread
+        self.reports: dict[int, Reports] = {}  # thread id -> its queue of launched callbacks
+        self.subscribed: dict[int, int] = {}  # stream handle -> subscribed thread id
+        self.app_logs: list[tuple[int, str]] = []  # acl.app_log (level, message)
+        self.callback_errors: list[Exception] = []  # what callbacks raised
 
     def count_copy(self, direction: str, nbytes: int) -> None:
         """A copy was made or enqueued (state lock held)."""
@@ -201,6 +246,15 @@ class State:
                 f"the thread's current context is {ctx.handle:#x}",
             )
         return stream
+
+    @property
+    def in_callback(self) -> bool:
+        """True on a report thread while it runs a stream callback."""
+        return bool(getattr(self._tls, "in_callback", False))
+
+    @in_callback.setter
+    def in_callback(self, value: bool) -> None:
+        self._tls.in_callback = value
 
     @property
     def recent_error(self) -> str:
@@ -287,8 +341,18 @@ def api(name: str, fmt: str, failure: Failure = ret) -> Callable[[F], F]:
             state = self._state
             state.record_call(name)
             try:
-                if name not in _NO_INIT_NEEDED and not state.initialized:
-                    raise Fail(UNINITIALIZE, "acl.init() has not been called (or was finalized)")
+                if name in NEEDS_INIT and not state.initialized:
+                    raise Fail(
+                        GE_EXEC_NOT_INIT,
+                        "the model executor is not initialized (acl.init() first; "
+                        "or acl.finalize() was called)",
+                    )
+                if name in NOT_IN_CALLBACK and state.in_callback:
+                    raise Fail(
+                        RT_PARAM_INVALID,
+                        f"{name} inside a stream callback (a callback must not allocate, free, "
+                        "synchronize or launch)",
+                    )
                 state.maybe_inject(name)
                 return fn(self, *parsed)
             except Fail as e:

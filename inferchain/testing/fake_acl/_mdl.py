@@ -3,6 +3,18 @@
 A model lives in the context it was loaded in (107004 from any other), executes on one stream
 at a time (107000 while it is in flight elsewhere), and reads its inputs from / writes its
 outputs to simulated device memory when its task runs on the stream's thread.
+
+Buffer sizes at execute follow GE (graphengine ge/graph/load/model_manager/davinci_model.cc,
+`DavinciModel::UpdateIoTaskArgs` / `CheckInputAndModelSize`, reached through
+ge/executor/ge_executor.cc `GeExecutor::ExecModel`): once `set_dynamic_batch_size`,
+`set_dynamic_hw_size` or `set_input_dynamic_dims` put a gear in the input dataset, the run is
+"dynamic" and GE checks no buffer size ("dynamic is max size"), so buffers sized for the gear
+that runs are accepted. Otherwise a count that differs from the model's, or a buffer smaller
+than the model's size, is ACL_ERROR_GE_PARAM_INVALID (145000); a larger one is accepted. The
+fake is stricter in two places (107000): a dynamic run whose buffers are smaller than its gear
+needs (the card would read or write past them), and any static buffer short of the size (GE
+lets 64 bytes pass). UNVERIFIED: whether acl's own `aclmdlExecute` checks the datasets before
+GE (its source, in hicann/ge, was not read).
 """
 
 from __future__ import annotations
@@ -19,11 +31,11 @@ import numpy as np
 
 from inferchain.testing.fake_acl._core import (
     GE_DYNAMIC_BATCH_SIZE_INVALID,
+    GE_PARAM_INVALID,
     GE_SHAPE_INVALID,
     INVALID_MODEL_ID,
     INVALID_PARAM,
     INVALID_RESOURCE_HANDLE,
-    MODEL_INPUT_NOT_MATCH,
     MODEL_NOT_DYNAMIC,
     MODEL_OUTPUT_NOT_MATCH,
     RT_MODEL_CONTEXT,
@@ -79,6 +91,11 @@ class Desc:
 class Dataset:
     handle: int
     buffers: list[int] = attrs.Factory(list)
+    gear: Gear | None = None  # put here by set_dynamic_* / set_input_dynamic_dims
+
+
+def _none_pair(code: int, args: tuple[Any, ...]) -> tuple[None, int]:
+    return None, code
 
 
 Slots = list[tuple[int, int]]  # (device pointer, bytes) per input or output
@@ -259,6 +276,35 @@ class FakeMdl(Namespace):
         gears = list(model.compiled.batch_gears)
         return {"batchCount": len(gears), "batch": gears}, 0
 
+    @api("mdl.get_input_dynamic_gear_count", "kk", pair)
+    def get_input_dynamic_gear_count(self, model_desc: int, index: int) -> tuple[int, int]:
+        """Dims gears of the model (`index` is reserved, -1 in the samples); 0 for a model
+        without dims gears (UNVERIFIED: the card may return an error there)."""
+        self._count(model_desc, outputs=False)
+        model = self._desc(model_desc).model
+        assert model is not None
+        return len(model.compiled.dims_gears), 0
+
+    @api("mdl.get_input_dynamic_dims", "kkk", _none_pair)
+    def get_input_dynamic_dims(
+        self, model_desc: int, index: int, gear_count: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        """One dict per gear, `{"name", "dimCount", "dims"}`, `dims` the shapes of every data
+        input at that gear concatenated (the layout of aclmdlGetInputDynamicDims in the CANN
+        docs); pyACL refuses `gear_count` > 4096 with (None, 100000) before the call."""
+        if gear_count > 4096:
+            raise Fail(INVALID_PARAM, f"gear_count {gear_count} > 4096")
+        self._count(model_desc, outputs=False)
+        model = self._desc(model_desc).model
+        assert model is not None
+        compiled = model.compiled
+        if gear_count != len(compiled.dims_gears):
+            raise Fail(
+                INVALID_PARAM,
+                f"gear_count {gear_count}, the model has {len(compiled.dims_gears)} dims gears",
+            )
+        return [_dims("", tuple(compiled.dims_of(g))) for g in compiled.gears()], 0
+
     @api("mdl.get_dynamic_hw", "kk", dict_pair)
     def get_dynamic_hw(self, model_desc: int, index: int) -> tuple[dict[str, Any], int]:
         self._count(model_desc, outputs=False)
@@ -341,7 +387,7 @@ class FakeMdl(Namespace):
                 )
             ptr, _ = self._mbatch_slot(model, dataset, index)
             st.memory.write(ptr, np.array([b], np.int64))
-            model.gear = Gear(b)
+            model.gear = self._dataset(dataset).gear = Gear(b)
         return 0
 
     @api("mdl.set_dynamic_hw_size", "IkkKK")
@@ -359,24 +405,57 @@ class FakeMdl(Namespace):
                 raise Fail(GE_SHAPE_INVALID, f"{hw} is not a gear: {list(compiled.hw_gears)}")
             ptr, _ = self._mbatch_slot(model, dataset, index)
             st.memory.write(ptr, np.array(hw, np.int64))
-            model.gear = Gear(compiled.static_batch, hw)
+            model.gear = self._dataset(dataset).gear = Gear(compiled.static_batch, hw)
+        return 0
+
+    @api("mdl.set_input_dynamic_dims", "IkkO")
+    def set_input_dynamic_dims(
+        self, model_id: int, dataset: int, index: int, dims: dict[str, Any]
+    ) -> int:
+        """Select the dims gear whose concatenated input shapes are `dims["dims"]` (pyACL's
+        `WrapAclMdlSetInputDynamicDims` takes a dict: "dimCount", "dims", optional "name")."""
+        if not isinstance(dims, dict):
+            raise TypeError("argument 4 is not dict")
+        st = self._state
+        with st.lock:
+            model = self._model(model_id)
+            compiled = model.compiled
+            if not compiled.dims_gears:
+                raise Fail(MODEL_NOT_DYNAMIC, f"model {model.model_id} has no dims gears")
+            wanted = [int(d) for d in dims.get("dims", [])][: int(dims.get("dimCount", 0))]
+            gear = next((g for g in compiled.gears() if compiled.dims_of(g) == wanted), None)
+            if gear is None:
+                shown = [compiled.dims_of(g) for g in compiled.gears()]
+                raise Fail(GE_SHAPE_INVALID, f"dims {wanted} are not a gear: {shown}")
+            ptr, _ = self._mbatch_slot(model, dataset, index)
+            assert gear.dims is not None
+            st.memory.write(ptr, np.array(gear.dims, np.int64))
+            model.gear = self._dataset(dataset).gear = gear
         return 0
 
     # -- execution ------------------------------------------------------------------------
 
-    def _slots(self, dataset: object, specs: list[IOSpec], code: int, what: str) -> Slots:
+    def _slots(self, dataset: object, needs: list[int], gear: Gear | None, what: str) -> Slots:
+        """The (pointer, bytes) of each buffer; `needs` is the bytes each must hold: the
+        model's sizes (static run, 145000 when short) or the gear's (dynamic run, 107000)."""
         ds = self._dataset(dataset)
-        if len(ds.buffers) != len(specs):
+        if len(ds.buffers) != len(needs):
             raise Fail(
-                code, f"{what} dataset has {len(ds.buffers)} buffers, model has {len(specs)}"
+                GE_PARAM_INVALID,
+                f"{what} dataset has {len(ds.buffers)} buffers, model has {len(needs)}",
             )
         slots = []
-        for i, (handle, spec) in enumerate(zip(ds.buffers, specs, strict=True)):
+        for i, (handle, need) in enumerate(zip(ds.buffers, needs, strict=True)):
             buf = self._buffer(handle)
-            if buf.size < spec.size:
-                raise Fail(code, f"{what} {i} buffer holds {buf.size} bytes, needs {spec.size}")
-            self._state.memory.find(buf.ptr, spec.size)  # 107000 unless device memory
-            slots.append((buf.ptr, spec.size))
+            if buf.size < need:
+                code, why = (
+                    (RT_PARAM_INVALID, f"the running gear {_gear_text(gear)} needs")
+                    if gear is not None
+                    else (GE_PARAM_INVALID, "the model needs")
+                )
+                raise Fail(code, f"{what} {i} buffer holds {buf.size} bytes, {why} {need}")
+            self._state.memory.find(buf.ptr, need)  # 107000 unless device memory
+            slots.append((buf.ptr, need))
         return slots
 
     def _begin(
@@ -394,8 +473,19 @@ class FakeMdl(Namespace):
                 "(its execution there is not ordered before this one)",
             )
         compiled = model.compiled
-        inputs = self._slots(in_ds, compiled.inputs, MODEL_INPUT_NOT_MATCH, "input")
-        outputs = self._slots(out_ds, compiled.outputs, MODEL_OUTPUT_NOT_MATCH, "output")
+        gear = self._dataset(in_ds).gear  # a dynamic run: GE checks no sizes
+        if gear is None:
+            in_needs = [spec.size for spec in compiled.inputs]
+            out_needs = [spec.size for spec in compiled.outputs]
+        else:
+            in_needs = [_nbytes(spec.shape(gear), spec) for spec in compiled.data_inputs]
+            in_needs += [spec.size for spec in compiled.inputs[len(in_needs) :]]
+            out_needs = [
+                math.prod(shape) * spec.dtype.itemsize
+                for shape, spec in zip(compiled.output_shapes(gear), compiled.outputs, strict=True)
+            ]
+        inputs = self._slots(in_ds, in_needs, gear, "input")
+        outputs = self._slots(out_ds, out_needs, gear, "output")
         reads = [st.memory.find(ptr, size)[0] for ptr, size in inputs]
         writes = [st.memory.find(ptr, size)[0] for ptr, size in outputs]
         for allocs, write in ((reads, False), (writes, True)):
@@ -417,7 +507,7 @@ class FakeMdl(Namespace):
         st, compiled = self._state, model.compiled
         started = time.perf_counter()
         gear = compiled.largest_gear
-        if compiled.batch_gears or compiled.hw_gears:
+        if compiled.batch_gears or compiled.hw_gears or compiled.dims_gears:
             picked = compiled.gear_from(st.memory.read(*inputs[-1]))
             if picked is None:
                 code = GE_DYNAMIC_BATCH_SIZE_INVALID if compiled.batch_gears else GE_SHAPE_INVALID
@@ -461,6 +551,18 @@ class FakeMdl(Namespace):
             for alloc in writes:
                 alloc.accesses.note(s.handle, seq, write=True)
         return 0
+
+
+def _nbytes(shape: tuple[int, ...], spec: IOSpec) -> int:
+    return math.prod(shape) * spec.dtype.itemsize
+
+
+def _gear_text(gear: Gear | None) -> str:
+    if gear is None:
+        return "-"
+    if gear.dims is not None:
+        return f"dims {list(gear.dims)}"
+    return f"hw {gear.hw}" if gear.hw else f"batch {gear.batch}"
 
 
 def _dims(name: str, dims: tuple[int, ...]) -> dict[str, Any]:

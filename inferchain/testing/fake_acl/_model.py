@@ -1,9 +1,12 @@
 """FakeAcl's `.om` models: an ONNX file run by ONNX Runtime, "compiled" the way ATC would.
 
-A compiled model has one fixed batch (static), batch gears (dynamic batch) or image-size gears
-(dynamic HW, static batch). Dynamic models get the extra `ascend_mbatch_shape_data` input
-(int64, [1] for batch, [2] for HW) last, and report -1 for the dims that follow the gear;
-buffer sizes are those of the largest gear.
+A compiled model has one fixed batch (static), batch gears (dynamic batch), image-size gears
+(dynamic HW, static batch) or dims gears (ATC's `--input_shape` with -1 + `--dynamic_dims`:
+each gear gives a value to every dynamic dim of every input, in input order, the batch dim
+included when the ONNX batch is dynamic). Dynamic models get the extra
+`ascend_mbatch_shape_data` input (int64: [1] for batch, [2] for HW, [n] for n dynamic dims)
+last, and report -1 for the dims that follow the gear; buffer sizes are those of the largest
+gear.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ def _hw_gears(values: Sequence[Sequence[int]]) -> tuple[tuple[int, int], ...]:
     return tuple(sorted({(int(h), int(w)) for h, w in values}))
 
 
+def _dims_gears(values: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(dict.fromkeys(tuple(int(v) for v in g) for g in values))
+
+
 @attrs.frozen
 class CompileOptions:
     """How ATC "compiled" a model (see the FakeAcl docstring)."""
@@ -53,6 +60,7 @@ class CompileOptions:
     batch: int | None = None  # static batch (static and dynamic-HW models)
     dynamic_batch: tuple[int, ...] = attrs.field(default=(), converter=_gears)
     dynamic_hw: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_hw_gears)
+    dynamic_dims: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_dims_gears)
 
 
 @attrs.frozen
@@ -61,6 +69,7 @@ class Gear:
 
     batch: int
     hw: tuple[int, int] | None = None
+    dims: tuple[int, ...] | None = None  # a dims gear: the value of each dynamic dim
 
 
 @attrs.frozen
@@ -73,9 +82,13 @@ class IOSpec:
     dtype: np.dtype[Any]
     size: int  # bytes at the largest gear
     hw_axes: bool = False  # dims 2 and 3 are the dynamic H and W
+    offset: int = 0  # dims gears: where this input's dynamic dims start in a gear's values
 
     def shape(self, gear: Gear) -> tuple[int, ...]:
         dims = list(self.dims)
+        if gear.dims is not None:
+            values = iter(gear.dims[self.offset :])
+            return tuple(next(values) if d == -1 else d for d in dims)
         if dims and dims[0] == -1:
             dims[0] = gear.batch
         if self.hw_axes and gear.hw is not None:
@@ -94,6 +107,7 @@ def read_om(path: Path) -> tuple[Path, CompileOptions] | None:
         batch=spec.get("batch"),
         dynamic_batch=spec.get("dynamic_batch", ()),
         dynamic_hw=spec.get("dynamic_hw", ()),
+        dynamic_dims=spec.get("dynamic_dims", ()),
     )
     return (onnx if onnx.is_absolute() else path.parent / onnx), options
 
@@ -106,17 +120,30 @@ class CompiledModel:
     ) -> None:
         self._session = session
         self.where = where
-        if options.dynamic_batch and options.dynamic_hw:
-            raise Fail(INVALID_FILE, f"{where}: dynamic batch and dynamic HW are exclusive")
+        kinds = [options.dynamic_batch, options.dynamic_hw, options.dynamic_dims]
+        if sum(1 for k in kinds if k) > 1:
+            raise Fail(INVALID_FILE, f"{where}: batch, HW and dims gears are exclusive")
         self.batch_gears = options.dynamic_batch
         self.hw_gears = options.dynamic_hw
+        self.dims_gears = options.dynamic_dims
+        self._offset = 0  # dynamic dims described so far (dims gears)
         if any(b <= 0 for b in self.batch_gears) or any(min(g) <= 0 for g in self.hw_gears):
             raise Fail(INVALID_FILE, f"{where}: gears must be positive")
         self.static_batch = self._batch_of(options.batch, static_batch)
         self._data_inputs = [self._input(a) for a in session.get_inputs()]
+        if self.dims_gears:
+            n = self._offset
+            bad = [g for g in self.dims_gears if len(g) != n or min(g, default=1) <= 0]
+            if bad:
+                raise Fail(
+                    INVALID_FILE,
+                    f"{where}: dims gear {list(bad[0])} does not give {n} positive values "
+                    "(one per dynamic dim)",
+                )
+            self._data_inputs = [self._sized(s) for s in self._data_inputs]
         self.inputs = list(self._data_inputs)
-        if self.batch_gears or self.hw_gears:
-            n = 1 if self.batch_gears else 2
+        if self.batch_gears or self.hw_gears or self.dims_gears:
+            n = 1 if self.batch_gears else 2 if self.hw_gears else self._offset
             self.inputs.append(IOSpec(MBATCH_INPUT, (n,), ACL_INT64, np.dtype(np.int64), 8 * n))
         self._shapes: dict[Gear, list[tuple[int, ...]]] = {}
         self.outputs = self._describe_outputs()
@@ -140,6 +167,10 @@ class CompiledModel:
         if acl_type < 0:
             raise Fail(INVALID_FILE, f"{self.where}: input {arg.name!r} has type {arg.type}")
         dims = [d if isinstance(d, int) and d > 0 else -1 for d in arg.shape]
+        if self.dims_gears:
+            spec = IOSpec(arg.name, tuple(dims), acl_type, np.dtype(dtype), 0, False, self._offset)
+            self._offset += dims.count(-1)
+            return spec  # sized by _size_inputs once every offset is known
         hw_axes = bool(self.hw_gears) and len(dims) == 4 and -1 in dims[2:]
         if hw_axes:
             dims[2] = dims[3] = -1
@@ -155,7 +186,22 @@ class CompiledModel:
         size = max(math.prod(spec.shape(g)) for g in self.gears()) * spec.dtype.itemsize
         return attrs.evolve(spec, size=size)
 
+    def _sized(self, spec: IOSpec) -> IOSpec:
+        if not self.dims_gears:
+            return spec
+        size = max(math.prod(spec.shape(g)) for g in self.gears()) * spec.dtype.itemsize
+        return attrs.evolve(spec, size=size)
+
+    def _dims_gear(self, values: tuple[int, ...]) -> Gear:
+        first = self._data_inputs[0] if self._data_inputs else None
+        batch = self.static_batch
+        if first is not None and first.dims and first.dims[0] == -1:
+            batch = values[first.offset]
+        return Gear(batch, None, values)
+
     def gears(self) -> list[Gear]:
+        if self.dims_gears:
+            return [self._dims_gear(g) for g in self.dims_gears]
         if self.batch_gears:
             return [Gear(b) for b in self.batch_gears]
         if self.hw_gears:
@@ -164,7 +210,17 @@ class CompiledModel:
 
     @property
     def largest_gear(self) -> Gear:
+        if self.dims_gears:
+            return max(self.gears(), key=self._elements)
         return self.gears()[-1] if not self.hw_gears else max(self.gears(), key=self._area)
+
+    def _elements(self, gear: Gear) -> int:
+        return sum(math.prod(s.shape(gear)) for s in self._data_inputs)
+
+    def dims_of(self, gear: Gear) -> list[int]:
+        """A dims gear as `get_input_dynamic_dims` reports it: every data input's shape at
+        the gear, concatenated in input order."""
+        return [d for s in self._data_inputs for d in s.shape(gear)]
 
     @staticmethod
     def _area(gear: Gear) -> int:
@@ -199,6 +255,8 @@ class CompiledModel:
     def gear_from(self, mbatch: np.ndarray) -> Gear | None:
         """The gear the `ascend_mbatch_shape_data` bytes select; None if not a gear."""
         values = tuple(int(v) for v in mbatch.view(np.int64))
+        if self.dims_gears:
+            return self._dims_gear(values) if values in self.dims_gears else None
         if self.batch_gears:
             return Gear(values[0]) if values[0] in self.batch_gears else None
         hw = (values[0], values[1])

@@ -25,7 +25,6 @@ from inferchain.testing.fake_acl._core import (
     RT_INVALID_DEVICEID,
     RT_PARAM_INVALID,
     Fail,
-    Namespace,
     Slice,
     State,
     api,
@@ -40,6 +39,7 @@ from inferchain.testing.fake_acl._memory import (
     plan_copy,
 )
 from inferchain.testing.fake_acl._order import Accesses, Clock, merge
+from inferchain.testing.fake_acl._report import CallbackRt
 
 ACL_HOST = 1  # run mode: the host drives a separate device
 
@@ -68,6 +68,7 @@ class Stream:
         self.seq = 0  # tasks submitted so far
         self.after: Clock = {}
         self.pending = 0  # tasks enqueued and not finished
+        self.callbacks = 0  # callbacks launched and not yet run by the report thread
         self._tasks: deque[Task] = deque()
         self._cond = threading.Condition()
         self._error: Fail | None = None
@@ -198,8 +199,8 @@ def _no_time(code: int, args: tuple[object, ...]) -> tuple[float, int]:
     return 0.0, code
 
 
-class FakeRt(Namespace):
-    """`acl.rt`."""
+class FakeRt(CallbackRt):
+    """`acl.rt` (its callback calls are in `fake_acl._report`)."""
 
     # -- devices and contexts -------------------------------------------------------------
 
@@ -288,6 +289,8 @@ class FakeRt(Namespace):
 
     @api("rt.get_run_mode", "", pair)
     def get_run_mode(self) -> tuple[int, int]:
+        """Answered before `init` too: `aclrtGetRunModeImpl` (hicann/runtime
+        src/acl/aclrt_impl/device.cpp) asks `rtGetRunMode` directly."""
         return ACL_HOST, 0
 
     @api("rt.get_device_count", "", pair)
@@ -310,6 +313,12 @@ class FakeRt(Namespace):
         st = self._state
         with st.lock:
             s = st.require_stream(as_int(stream, "stream"))
+            if s.handle in st.subscribed:  # stricter than the card
+                raise Fail(
+                    RT_PARAM_INVALID,
+                    f"stream {s.handle:#x} is subscribed to a report thread "
+                    "(unsubscribe_report first)",
+                )
             if st.host_clock.get(s.handle, 0) < s.seq:  # stricter than the card
                 raise Fail(
                     RT_PARAM_INVALID,
