@@ -630,7 +630,7 @@ class OfflineInference:
             if isinstance(d, Request):
                 deps.append(d)
                 continue
-            found = engine.live.get(d) or engine.failed.get(d)
+            found = engine.lookup(d)
             if found is not None:
                 deps.append(found)
             elif not 0 < d < self._next_id:

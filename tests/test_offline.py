@@ -168,6 +168,29 @@ def test_dependencies_and_their_failure(mlp_path: Path) -> None:
         assert blocker.state is S.DONE
 
 
+def test_a_dependency_on_a_long_failed_id_still_fails(
+    mlp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failed requests are kept whole up to a bound; past it only the fact of the failure
+    is kept, and depends_on=[id] still fails with DependencyFailed, never counts as DONE."""
+    import inferchain.core.engine as engine
+
+    monkeypatch.setattr(engine, "_FAILED_KEPT", 4)
+    x = np.ones(64, np.float32)
+    with ic.OfflineInference(mlp_recipe(mlp_path)) as oi:
+        failed = oi.submit_many("mlp", [x] * 12, timeout=0.0)  # deadline already passed
+        oi.wait_all()
+        assert all(r.state is S.TIMED_OUT for r in failed)
+        first = failed[0].id
+        assert oi._engine is not None and first not in oi._engine.failed  # pushed out
+        doomed = oi.submit("mlp", x, depends_on=[first])
+        with pytest.raises(ic.DependencyFailed, match=f"depends on request {first}"):
+            doomed.result(timeout=30)
+        done = oi.submit("mlp", x)
+        done.result(timeout=30)
+        assert oi.submit("mlp", x, depends_on=[done.id]).result(timeout=30) is not None
+
+
 def test_timeout_while_waiting(mlp_path: Path) -> None:
     x = np.ones(64, np.float32)
     with ic.OfflineInference(mlp_recipe(mlp_path, slots=1, max_batch_size=1)) as oi:

@@ -38,7 +38,14 @@ from inferchain.core.scheduler import Scheduler
 from inferchain.core.sequences import PendingSteps
 from inferchain.core.work import Work
 from inferchain.core.worker import ModelWorker
-from inferchain.errors import BackendError, Closed, QueueFull, RequestCancelled, RequestTimeout
+from inferchain.errors import (
+    BackendError,
+    Closed,
+    QueueFull,
+    RequestCancelled,
+    RequestError,
+    RequestTimeout,
+)
 from inferchain.logs import get_logger, log_safely
 from inferchain.metrics import Metrics
 from inferchain.shapes import ShapePolicy, crop_rows, envelope
@@ -139,6 +146,7 @@ class ExecutionEngine:
         self._recovering = 0  # workers re-initialising after failures
         self.live: dict[int, Request] = {}  # requests not yet terminal, by id
         self.failed: dict[int, Request] = {}  # the latest that ended without outputs
+        self._failed_ids = bytearray()  # one bit per request id: it ended without outputs
         self._callbacks = CallbackThread()
         self._inlined: set[Work] = set()  # works running on a caller's thread (run_now)
         self._stopping = False
@@ -633,6 +641,28 @@ class ExecutionEngine:
         failed[r.id] = r  # remembered so that depends_on=[id] fails later too
         if len(failed) > _FAILED_KEPT:
             failed.pop(next(iter(failed)), None)
+        byte = r.id >> 3
+        bits = self._failed_ids
+        if byte >= len(bits):
+            bits.extend(bytes(max(byte + 1 - len(bits), len(bits))))
+        bits[byte] |= 1 << (r.id & 7)
+
+    def lookup(self, id: int) -> Request | None:
+        """Request `id` while it is live or after it ended without outputs (any thread); a
+        stand-in ended in ERROR where only the fact of its failure is still kept; None once
+        it finished DONE (or was never submitted)."""
+        found = self.live.get(id) or self.failed.get(id)
+        if found is not None:
+            return found
+        byte = id >> 3
+        bits = self._failed_ids
+        if 0 <= byte < len(bits) and bits[byte] >> (id & 7) & 1:
+            gone = Request(id, "(forgotten)")
+            gone.try_transition(S.ERROR, error=RequestError(
+                f"request {id} failed (only the fact is kept after {_FAILED_KEPT} later failures)"
+            ))  # fmt: skip
+            return gone
+        return None
 
     def _on_cancelled(self, item: Request | Work) -> None:
         if isinstance(item, Request):
