@@ -19,6 +19,7 @@ QUICK = [
     "bench_ocr",
     "bench_orientation",
     "bench_acl_streams",
+    "bench_acl_pipeline",
     "bench_vad",
     "bench_romanize",
 ]
