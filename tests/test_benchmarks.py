@@ -18,6 +18,7 @@ QUICK = [
     "bench_startup",
     "bench_ocr",
     "bench_orientation",
+    "bench_padding",
     "bench_acl_streams",
     "bench_acl_pipeline",
     "bench_vad",
