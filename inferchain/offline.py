@@ -30,7 +30,7 @@ from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
 from inferchain.models import LoadedModel, load_models, pending_steps
-from inferchain.pipeline import Pipeline, PipelineDriver, load_pipeline
+from inferchain.pipeline import Pipeline, PipelineDriver, pipeline_class
 from inferchain.sequence import LiveSequence
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
@@ -80,6 +80,8 @@ class OfflineInference:
                 "create a new OfflineInference"
             )
         started = time.perf_counter()
+        # the pipeline and what it imports are checked before any model loads
+        pipeline = pipeline_class(self.recipe) if self.recipe.pipeline else None
         backend = self._backend or make_backend(self.recipe, acl_module=self._acl_module)
         self._backend = backend
         engine = ExecutionEngine(self.metrics, self.recipe.scheduler.max_queue_size)
@@ -104,9 +106,9 @@ class OfflineInference:
         )
         self._engine = engine
         self._phase = "running"
-        if self.recipe.pipeline:
+        if pipeline is not None:
             try:
-                self._pipeline = load_pipeline(self.recipe, self)
+                self._pipeline = pipeline(self)
             except BaseException:
                 self.close()  # nothing started may outlive a failed init()
                 raise

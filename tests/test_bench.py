@@ -206,6 +206,25 @@ def test_plot_without_matplotlib_names_the_extra(
         plot_timeline(tmp_path / "p.png", [], np.empty(0))
 
 
+def test_plot_without_matplotlib_is_refused_before_the_benchmark_runs(
+    tiny: Path,
+    tmp_path: Path,
+    cli: Callable[..., int],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No benchmark, no progress: one line naming the extra, exit 2 (not after the run)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.delitem(sys.modules, "matplotlib.figure", raising=False)
+    monkeypatch.delitem(sys.modules, "matplotlib.backends.backend_agg", raising=False)
+    figures = tmp_path / "f.json"
+    assert cli("bench", tiny, "--requests", 50, "--json", figures, "--plot", "p.png") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inferchain: error: --plot needs matplotlib.figure")
+    assert "pip install 'inferchain[plot]' (matplotlib>=3.8)" in err
+    assert not figures.exists()
+
+
 def test_progress_off_a_terminal_is_one_summary_line() -> None:
     stream = io.StringIO()
     with Progress(10, "bench", stream=stream, interactive=False) as progress:

@@ -83,6 +83,7 @@ class VadPipeline(Pipeline):
     """
 
     suffixes = (".wav", ".flac", ".ogg")
+    requires = ("soundfile", "soxr")  # read_wav's reader and resampler
     steps = VadSteps()
 
     def load(self, path: Path) -> Any:
