@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 import queue
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -108,6 +109,21 @@ class PipelineWrapper(Pipeline):
         super().__init__(inner.oi)
         self.inner = inner
         self.max_in_flight = inner.max_in_flight
+
+
+class PathLoader(PipelineWrapper):
+    """The inner pipeline over items where a path (`pathlib.Path`, any `os.PathLike`) is
+    read with the inner's `load` when its item starts, so a file that cannot be read fails
+    alone; any other item (a `str` too: a pipeline's items may be texts) passes as it is.
+    `OfflineInference.run` runs every pipeline this way."""
+
+    def process(self, item: Any) -> Process:
+        if isinstance(item, os.PathLike):
+            item = self.inner.load(Path(item))
+        work = self.inner.process(item)
+        if isinstance(work, Generator):
+            return (yield from work)
+        return work
 
 
 class ImagePipeline(Pipeline):

