@@ -127,9 +127,12 @@ class PathLoader(PipelineWrapper):
 
 
 class ImagePipeline(Pipeline):
-    """A pipeline whose items are BGR uint8 images (H, W, 3), read with OpenCV."""
+    """A pipeline whose items are BGR uint8 images (H, W, 3), every file read by the one
+    image reader (`inferchain.images.read_image`: the same pixels, bit depths and errors
+    for every image recipe)."""
 
     suffixes = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
+    requires = ("cv2", "PIL.Image")  # inferchain.images.MODULES
 
     def load(self, path: Path) -> Any:
         from inferchain.images import read_image

@@ -72,7 +72,7 @@ def test_a_bad_item_fails_only_itself(oi: ic.OfflineInference) -> None:
     results = list(oi.run(items, on_error="return"))
     assert results[0]["angle"] == angle_of(SAMPLES[0])
     assert isinstance(results[1], ic.InvalidInput)
-    assert "expected dtype uint8, got float64" in str(results[1])
+    assert "expected 8-bit pixels (uint8), got float64" in str(results[1])
     assert results[2]["angle"] == angle_of(SAMPLES[1])
     with pytest.raises(ic.InvalidInput):
         list(oi.run(items))
