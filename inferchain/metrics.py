@@ -4,8 +4,9 @@ Stages, in milliseconds per request, one after the other: `queue` (submit -> REA
 `batch_wait` (READY -> RUNNING: in a batch handed to a worker), `worker_wait` (RUNNING -> the
 worker takes the batch: the wait for a free worker or stream), `execute` (taken -> finished,
 on the worker), and within `execute`: `run` (the backend's `Session.run`) and whatever
-split the backend reports in `Session.last_stages` (e.g. `h2d`, `compute`, `d2h`). Where a pipeline's steps are timed (`record_item`), `pre`
-(item -> first request) and `post` (outputs -> result) are per item.
+split the backend reports in `Session.last_stages` (e.g. `h2d`, `compute`, `d2h`). Where a
+pipeline's steps are timed (`record_item`), `pre` (item -> first request) and `post`
+(outputs -> result) are per item.
 """
 
 from __future__ import annotations
