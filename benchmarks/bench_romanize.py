@@ -26,7 +26,7 @@ from typing import Any
 
 from common import interleave, median, table, timed, write_results
 
-from inferchain.pipeline import _import_recipe_module
+import inferchain as ic
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "romanize"
 
@@ -43,8 +43,8 @@ def main() -> None:
     args = parser.parse_args()
     n, rounds = (512, 1) if args.quick else (args.units, args.rounds)
 
-    beam = _import_recipe_module(RECIPE, "beam")
-    ideal = _import_recipe_module(RECIPE, "ideal")
+    beam = ic.import_recipe_module(RECIPE, "beam")
+    ideal = ic.import_recipe_module(RECIPE, "ideal")
     units = ideal.sample_units(n)
     spec = beam.BeamSpec.from_dir()
     model = ideal.package_model(threads=args.threads)
@@ -58,8 +58,6 @@ def main() -> None:
         outputs["continuous"] = ideal.continuous_hypotheses(
             encoder, decoder, spec, units, args.slots
         )
-
-    import inferchain as ic
 
     oi = ic.OfflineInference(ic.load_recipe(RECIPE)).init()
 

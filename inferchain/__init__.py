@@ -16,6 +16,7 @@ from inferchain.errors import (
     InvalidInput,
     InvalidTransition,
     LoadError,
+    MissingDependency,
     OutputMismatch,
     QueueFull,
     RequestCancelled,
@@ -25,7 +26,7 @@ from inferchain.errors import (
 )
 from inferchain.metrics import Stats
 from inferchain.offline import OfflineInference
-from inferchain.pipeline import Pipeline
+from inferchain.pipeline import Pipeline, import_recipe_module
 from inferchain.sequence import LiveSequence, Stepper
 from inferchain.tensors import ModelInfo, TensorDesc
 
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidTransition",
     "LiveSequence",
     "LoadError",
+    "MissingDependency",
     "ModelConfig",
     "ModelInfo",
     "OfflineInference",
@@ -59,5 +61,6 @@ __all__ = [
     "Stepper",
     "TensorDesc",
     "__version__",
+    "import_recipe_module",
     "load_recipe",
 ]

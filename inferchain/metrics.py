@@ -1,10 +1,12 @@
 """Counters and latency percentiles per model, recorded once per batch by the engine.
 
-Stages, in milliseconds per request: `queue` (submit -> READY), `batch_wait` (READY ->
-RUNNING), `execute` (RUNNING -> finished, on the worker), and within `execute`: `run` (the
-backend's `Session.run`) and whatever split the backend reports in `Session.last_stages`
-(e.g. `h2d`, `compute`, `d2h`). Where a pipeline's steps are timed (`record_item`), `pre`
-(item -> first request) and `post` (outputs -> result) are per item.
+Stages, in milliseconds per request, one after the other: `queue` (submit -> READY),
+`batch_wait` (READY -> RUNNING: in a batch handed to a worker), `worker_wait` (RUNNING -> the
+worker takes the batch: the wait for a free worker or stream), `execute` (taken -> finished,
+on the worker), and within `execute`: `run` (the backend's `Session.run`) and whatever
+split the backend reports in `Session.last_stages` (e.g. `h2d`, `compute`, `d2h`). Where a
+pipeline's steps are timed (`record_item`), `pre` (item -> first request) and `post`
+(outputs -> result) are per item.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ __all__ = [
     "Stats",
 ]
 
-STAGES = ("queue", "batch_wait", "execute", "end_to_end")  # always recorded, per request
+STAGES = ("queue", "batch_wait", "worker_wait", "execute", "end_to_end")  # per request
 RUN = "run"  # Session.run per batch, counted once per request of the batch
 PIPELINE_STAGES = ("pre", "post")  # per item, where a pipeline's steps are timed
 _CAPACITY = 1 << 16  # latest samples kept per stage and model
@@ -87,7 +89,7 @@ class ModelStats:
     batch_sizes: Mapping[int, int]  # batch size -> number of batches
     throughput: float  # DONE items per second between first submit and last completion
     latency_ms: Percentiles  # end to end, submit -> DONE
-    stages: Mapping[str, Percentiles]  # queue, batch_wait, execute
+    stages: Mapping[str, Percentiles]  # queue, batch_wait, worker_wait, execute
     sequences: SequenceStats | None = None  # a stateful model's steps, once any ran
 
     @property
@@ -117,7 +119,7 @@ class Stats:
     requests: int
     errors: int
     latency_ms: Percentiles
-    stages: Mapping[str, Percentiles]  # queue, batch_wait, execute, then those recorded
+    stages: Mapping[str, Percentiles]  # queue, ..., execute, then those recorded
     models: Mapping[str, ModelStats]
     batches: int = 0  # all models
     span_s: float = 0.0  # first submit -> last completion, seconds
@@ -192,7 +194,10 @@ class ModelMetrics:
         self.first_submit: float | None = None
         self.last_done: float | None = None
         # per slice: (rows, submitted, admitted, dispatched, end, ok)
-        self._slices: deque[tuple[int, float, float, float, float, bool]] = deque(maxlen=_CAPACITY)
+        # per slice: rows, submitted, admitted, dispatched, picked, end, ok
+        self._slices: deque[tuple[int, float, float, float, float, float, bool]] = deque(
+            maxlen=_CAPACITY
+        )
         self.timeline: deque[BatchTiming] = deque(maxlen=_TIMELINE)
         self.busy: dict[str, BusyClock] = {}  # per worker name
         self.elements = 0  # input elements run, and of those padding
@@ -216,8 +221,10 @@ class ModelMetrics:
         ok = timing.ok
         end = timing.end
         sent = batch.dispatched
+        picked = max(timing.picked, sent)
         slices = [
-            (s.rows, s.work.submitted, s.work.admitted or sent, sent, end, ok) for s in batch.slices
+            (s.rows, s.work.submitted, s.work.admitted or sent, sent, picked, end, ok)
+            for s in batch.slices
         ]
         first = min(s[1] for s in slices) if slices else end
         with self._lock:
@@ -248,14 +255,15 @@ class ModelMetrics:
             batches = [b for b in self.timeline if b.ok]
         if not slices:
             return {stage: np.empty(0) for stage in STAGES}
-        a = np.array([s[1:5] for s in slices], dtype=float)
+        a = np.array([s[1:6] for s in slices], dtype=float)
         rows = np.array([s[0] for s in slices])
-        ok = np.repeat(np.array([s[5] for s in slices], dtype=bool), rows)
-        submit, ready, running, end = (np.repeat(a[:, i], rows) for i in range(4))
+        ok = np.repeat(np.array([s[6] for s in slices], dtype=bool), rows)
+        submit, ready, running, picked, end = (np.repeat(a[:, i], rows) for i in range(5))
         samples = {
             "queue": ready - submit,
             "batch_wait": running - ready,
-            "execute": end - running,
+            "worker_wait": picked - running,
+            "execute": end - picked,
             "end_to_end": (end - submit)[ok],
         }
         if batches:  # `run` and the backend's own stages, once per row of a batch

@@ -31,7 +31,7 @@ from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
 from inferchain.models import LoadedModel, load_models, pending_steps
-from inferchain.pipeline import Pipeline, load_pipeline
+from inferchain.pipeline import PathLoader, Pipeline, pipeline_class
 from inferchain.sequence import LiveSequence
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
@@ -82,6 +82,8 @@ class OfflineInference:
                 "create a new OfflineInference"
             )
         started = time.perf_counter()
+        # the pipeline and what it imports are checked before any model loads
+        pipeline = pipeline_class(self.recipe) if self.recipe.pipeline else None
         backend = self._backend or make_backend(self.recipe, acl_module=self._acl_module)
         self._backend = backend
         engine = ExecutionEngine(self.metrics, self.recipe.scheduler.max_queue_size)
@@ -106,9 +108,9 @@ class OfflineInference:
         )
         self._engine = engine
         self._phase = "running"
-        if self.recipe.pipeline:
+        if pipeline is not None:
             try:
-                self._pipeline = load_pipeline(self.recipe, self)
+                self._pipeline = pipeline(self)
             except BaseException:
                 self.close()  # nothing started may outlive a failed init()
                 raise
@@ -479,11 +481,14 @@ class OfflineInference:
     ) -> Iterator[Any]:
         """The recipe's pipeline over `items`: one result per item, in order, streaming.
 
+        An item that is a path (`pathlib.Path`, any `os.PathLike`) is read with the
+        pipeline's `load` as it starts (as `inferchain run` reads its files; one that cannot
+        be read fails alone); any other item, a `str` too, goes to `process` as it is.
         Without a pipeline, a one-model recipe maps items through that model. With
         `on_error="return"` a failed item yields its exception instead of raising. At most
         `max_in_flight` items are in flight (default: the pipeline's `max_in_flight`, 64).
         """
-        pipeline = self._pipeline or self._default_pipeline()
+        pipeline = PathLoader(self._pipeline or self._default_pipeline())
         driver = PipelineDriver(pipeline, max_in_flight=max_in_flight, on_error=on_error)
         return driver.run(items)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 import sys
 from collections.abc import Generator
 from pathlib import Path
@@ -26,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inferchain.core.request import Request
-from inferchain.errors import ConfigError
+from inferchain.errors import ConfigError, MissingDependency
+from inferchain.extras import missing_message, require
 
 if TYPE_CHECKING:
     from inferchain.config import Recipe
@@ -56,6 +58,10 @@ class Pipeline:
     #: threads, `process` runs for several items at once: it must not share mutable state
     #: between items without a lock
     host_workers: int | None = None
+    #: modules `load` or `process` import only when they run (e.g. an audio reader):
+    #: imported by `init()` and `inferchain doctor`, so that one missing is one error naming
+    #: the recipe's `extra:`, not one per item
+    requires: tuple[str, ...] = ()
 
     def __init__(self, oi: OfflineInference) -> None:
         self.oi = oi
@@ -112,10 +118,28 @@ class PipelineWrapper(Pipeline):
         self.host_workers = inner.host_workers
 
 
+class PathLoader(PipelineWrapper):
+    """The inner pipeline over items where a path (`pathlib.Path`, any `os.PathLike`) is
+    read with the inner's `load` when its item starts, so a file that cannot be read fails
+    alone; any other item (a `str` too: a pipeline's items may be texts) passes as it is.
+    `OfflineInference.run` runs every pipeline this way."""
+
+    def process(self, item: Any) -> Process:
+        if isinstance(item, os.PathLike):
+            item = self.inner.load(Path(item))
+        work = self.inner.process(item)
+        if isinstance(work, Generator):
+            return (yield from work)
+        return work
+
+
 class ImagePipeline(Pipeline):
-    """A pipeline whose items are BGR uint8 images (H, W, 3), read with OpenCV."""
+    """A pipeline whose items are BGR uint8 images (H, W, 3), every file read by the one
+    image reader (`inferchain.images.read_image`: the same pixels, bit depths and errors
+    for every image recipe)."""
 
     suffixes = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
+    requires = ("cv2", "PIL.Image")  # inferchain.images.MODULES
 
     def load(self, path: Path) -> Any:
         from inferchain.images import read_image
@@ -123,8 +147,15 @@ class ImagePipeline(Pipeline):
         return read_image(path)
 
 
-def load_pipeline(recipe: Recipe, oi: OfflineInference) -> Pipeline:
-    """Import `file.py:ClassName` from the recipe's folder and build it."""
+def pipeline_class(recipe: Recipe) -> type[Pipeline]:
+    """The class `file.py:ClassName` of the recipe's `pipeline:` key, imported from the
+    recipe's folder, with every module it `requires` importing: `init()` and `inferchain
+    doctor` check this before any model loads or any item runs.
+
+    A module that is not installed (imported by the file, or in `requires`) is one
+    `MissingDependency` naming the recipe and the install command of its `extra:`; anything
+    else wrong is a `ConfigError` naming the recipe file.
+    """
     assert recipe.pipeline is not None
     file, sep, cls_name = recipe.pipeline.partition(":")
     path = recipe.root / file
@@ -133,21 +164,62 @@ def load_pipeline(recipe: Recipe, oi: OfflineInference) -> Pipeline:
             f"{recipe.source}: key 'pipeline' must be 'file.py:ClassName' in the recipe's "
             f"folder, got {recipe.pipeline!r}"
         )
-    module = _import_recipe_module(recipe.root, path.stem)
+    what = f"{recipe.source}: recipe {recipe.name}'s pipeline {file}"
+    try:
+        module = import_recipe_module(recipe, path.stem)
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.startswith(_PACKAGE):
+            raise ConfigError(f"{what} could not be imported: {e}") from e
+        absent = {e.name: f"{type(e).__name__}: {e}"}
+        raise MissingDependency(missing_message(what, absent, recipe.extra)) from e
+    except Exception as e:  # a syntax error, a failing import-time statement, ...
+        raise ConfigError(f"{what} could not be imported: {type(e).__name__}: {e}") from e
     cls = getattr(module, cls_name, None)
+    if cls is None:
+        there = [
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type)
+            and value.__module__ == module.__name__
+            and not name.startswith("_")
+        ]
+        raise ConfigError(
+            f"{recipe.source}: key 'pipeline': no class {cls_name!r} in {file}; classes "
+            f"there: {', '.join(there) or 'none'}"
+        )
     if not (isinstance(cls, type) and issubclass(cls, Pipeline)):
-        raise ConfigError(f"{recipe.source}: {recipe.pipeline!r} is not a Pipeline subclass")
-    return cls(oi)
+        raise ConfigError(
+            f"{recipe.source}: key 'pipeline': {recipe.pipeline!r} is not a Pipeline subclass"
+        )
+    require(cls.requires, recipe.extra, what)
+    return cls
 
 
-def _import_recipe_module(root: Path, stem: str) -> ModuleType:
-    """Import `root/stem.py` as a module of a package made of the recipe's folder, so a
-    pipeline may import its sibling files (`from . import boxes`)."""
-    package = f"inferchain_recipes.r{hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]}"
-    if "inferchain_recipes" not in sys.modules:
-        sys.modules["inferchain_recipes"] = ModuleType("inferchain_recipes")
+def load_pipeline(recipe: Recipe, oi: OfflineInference) -> Pipeline:
+    """Import `file.py:ClassName` from the recipe's folder (`pipeline_class`) and build it."""
+    return pipeline_class(recipe)(oi)
+
+
+_PACKAGE = "inferchain_recipes"  # recipes' folders are imported as packages under this name
+
+
+def import_recipe_module(recipe: Recipe | str | Path, name: str = "pipeline") -> ModuleType:
+    """The module `name` (`pipeline`, or any sibling file's stem) of a recipe's folder, e.g.
+    `ic.import_recipe_module("recipes/vad").VadSteps`.
+
+    `recipe` is a Recipe, or a recipe folder or YAML file (or a `pkg://` path to either).
+    The folder is imported as a package, so its files may import each other (`from . import
+    boxes`); the same folder gives the same modules each time, as `init()` imports them.
+    """
+    from inferchain.config import Recipe, recipe_file
+
+    root = recipe.root if isinstance(recipe, Recipe) else recipe_file(recipe).resolve().parent
+    digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]
+    package = f"{_PACKAGE}.r{digest}"
+    if _PACKAGE not in sys.modules:
+        sys.modules[_PACKAGE] = ModuleType(_PACKAGE)
     if package not in sys.modules:
         module = ModuleType(package)
         module.__path__ = [str(root)]
         sys.modules[package] = module
-    return importlib.import_module(f"{package}.{stem}")
+    return importlib.import_module(f"{package}.{name}")

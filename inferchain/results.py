@@ -51,7 +51,14 @@ class ResultsFile(Closing):
         self._sink: TextIO | None = None
 
     def check(self) -> None:
-        """ConfigError when the mode is `new` and an earlier run's results are there."""
+        """ConfigError when the output folder is a file, or when the mode is `new` and an
+        earlier run's results are there."""
+        folder = self.path.parent
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(
+                f"--output {folder} is a file, not a folder: the output is a folder that "
+                f"gets {RESULTS} (and what the pipeline saves per item); name a folder"
+            )
         if self.mode == "new" and self._has_lines():
             raise ConfigError(
                 f"{self.path} holds an earlier run's results: pass --resume to skip the "

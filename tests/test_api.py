@@ -28,6 +28,8 @@ def test_public_names() -> None:
         "Stats",
         "TensorDesc",
         "ModelInfo",
+        "MissingDependency",
+        "import_recipe_module",
     }
     assert [s.name for s in ic.RequestState] == [
         "WAITING",

@@ -5,14 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 import structlog
 from conftest import recipe
 
+import inferchain as ic
 from inferchain.backends import onnxruntime as backend
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend, providers, session_options
 from inferchain.config import SessionOptions
+from inferchain.errors import ConfigError
+from inferchain.testing.onnx_models import write_mlp64, write_time_major
 
 CUDA = {"CUDAExecutionProvider": {"device_id": 1, "arena_extend_strategy": "kSameAsRequested"}}
 CANN = {"CANNExecutionProvider": {"device_id": 0, "precision_mode": "force_fp16"}}
@@ -90,3 +94,42 @@ def test_fixed_batch_model_is_padded(tmp_path: Path) -> None:
     full = session.run([x], 4)[0]
     part = session.run([x[:3]], 3)[0]
     np.testing.assert_allclose(part[:3], full[:3], rtol=1e-6)
+
+
+def test_a_provider_name_onnxruntime_does_not_know_is_a_config_error(tmp_path: Path) -> None:
+    """A misspelling refuses to start, naming the key and the closest name; a known provider
+    this build lacks still falls back (above)."""
+    write_mlp64(tmp_path / "m.onnx")
+    r = recipe({"name": "m", "path": str(tmp_path / "m.onnx")}, providers=["CPUExecutonProvider"])
+    with pytest.raises(
+        ConfigError,
+        match=r"key 'providers\[0\]': .*'CPUExecutonProvider' "
+        r"\(did you mean 'CPUExecutionProvider'\?\)",
+    ):
+        OnnxRuntimeBackend(r)
+    with pytest.raises(ConfigError, match="did you mean"):
+        ic.OfflineInference(r).init()
+    names, _ = providers([CUDA], ["CPUExecutionProvider"], ort.get_all_providers())
+    assert names == ["CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize("level", [None, 2, 3])
+def test_onnxruntime_log_severity_per_recipe_and_from_the_log_level(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], level: int | None
+) -> None:
+    """onnxruntime's own warnings about a model whose declared output shape lies (shape
+    merging at load, `VerifyOutputSizes` at run) are silenced by `session_options:
+    {log_severity_level: 3}`, and by the process default that `--log-level error` sets
+    (`set_log_level`)."""
+    path = write_time_major(tmp_path / "t.onnx", batch=1, declared=(1, 3, 6))
+    x = {"x": np.ones((1, 6), np.float32)}
+    try:
+        backend.set_log_level("warning" if level is not None else "error")
+        so = session_options(SessionOptions(log_severity_level=level))
+        ort.InferenceSession(str(path), sess_options=so).run(None, x)
+        err = capfd.readouterr().err
+    finally:
+        backend.set_log_level("warning")
+    assert ("[W:onnxruntime" in err) is (level == 2)
+    with pytest.raises(ConfigError, match=r"log_severity_level must be 0 \(verbose\)"):
+        SessionOptions.from_dict({"log_severity_level": 5}, "session_options", Path("r.yaml"))

@@ -95,7 +95,7 @@ def test_json_has_the_contract_keys_and_plausible_numbers(
     assert set(data) >= {"throughput", "latency_ms", "stages", "models"}
     assert data["throughput"] > 0
     assert_plausible(data["latency_ms"])
-    assert set(data["stages"]) >= {"queue", "batch_wait", "execute", "run"}
+    assert set(data["stages"]) >= {"queue", "batch_wait", "worker_wait", "execute", "run"}
     for figures in data["stages"].values():
         assert_plausible(figures)
     model = data["models"]["mlp"]
@@ -204,6 +204,42 @@ def test_plot_without_matplotlib_names_the_extra(
     monkeypatch.delitem(sys.modules, "matplotlib.backends.backend_agg", raising=False)
     with pytest.raises(InferchainError, match=r"inferchain\[plot\]"):
         plot_timeline(tmp_path / "p.png", [], np.empty(0))
+
+
+def test_the_stages_follow_one_another_and_run_lies_within_execute(tiny: Path) -> None:
+    """Per request, queue + batch_wait + worker_wait + execute is its end_to_end, and the
+    backend's run (once per row of its batch) is never longer than execute: the wait for a
+    free worker is `worker_wait`, apart from the device run (docs/observability.md)."""
+    recipe = ic.load_recipe(tiny, models={"mlp": {"instances": 1}})
+    report = run_bench(recipe, requests=200)
+    assert set(report.stats.stages) >= {"queue", "batch_wait", "worker_wait", "execute", "run"}
+    with ic.OfflineInference(recipe) as oi:
+        list(oi.map("mlp", np.zeros((64, 64), np.float32)))
+        samples = oi.metrics.models["mlp"].samples()
+    parts = sum(samples[s] for s in ("queue", "batch_wait", "worker_wait", "execute"))
+    np.testing.assert_allclose(parts, samples["end_to_end"], rtol=0, atol=1e-9)
+    assert (samples["worker_wait"] >= 0).all()
+    assert samples["run"].size == samples["execute"].size
+    assert samples["run"].sum() <= samples["execute"].sum()
+
+
+def test_plot_without_matplotlib_is_refused_before_the_benchmark_runs(
+    tiny: Path,
+    tmp_path: Path,
+    cli: Callable[..., int],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No benchmark, no progress: one line naming the extra, exit 2 (not after the run)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.delitem(sys.modules, "matplotlib.figure", raising=False)
+    monkeypatch.delitem(sys.modules, "matplotlib.backends.backend_agg", raising=False)
+    figures = tmp_path / "f.json"
+    assert cli("bench", tiny, "--requests", 50, "--json", figures, "--plot", "p.png") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inferchain: error: --plot needs matplotlib.figure")
+    assert "pip install 'inferchain[plot]' (matplotlib>=3.8)" in err
+    assert not figures.exists()
 
 
 def test_progress_off_a_terminal_is_one_summary_line() -> None:

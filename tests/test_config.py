@@ -165,3 +165,49 @@ def test_streams_default_per_backend_and_are_validated() -> None:
         Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": 0}]})
     with pytest.raises(ic.ConfigError, match=r"'models\[0\]\.streams' must be int or null"):
         Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": "2"}]})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, max_batchsize: 4}]",
+            "unknown key 'models[0].max_batchsize' (did you mean 'max_batch_size'?; known: ",
+        ),
+        (
+            "name: x\nsession_option: {}\nmodels: [{name: m, path: m.onnx}]",
+            "unknown key 'session_option' (did you mean 'session_options'?; known: ",
+        ),
+        (
+            "name: x\nmodels: [{name: m, path: m.onnx, colour: red}]",
+            "unknown key 'models[0].colour' (known: batching, health, ",
+        ),
+    ],
+)
+def test_an_unknown_key_suggests_the_closest_known_one(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    with pytest.raises(ic.ConfigError, match=re.escape(message)):
+        ic.load_recipe(write(tmp_path, text))
+
+
+def test_session_options_take_onnxruntime_s_log_severity(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    text = "name: x\nsession_options: {log_severity_level: 3}\nmodels: [{name: m, path: m.onnx}]"
+    assert ic.load_recipe(write(tmp_path, text)).session_options.log_severity_level == 3
+
+
+def test_a_missing_model_package_names_the_recipe_s_extra(tmp_path: Path) -> None:
+    text = "name: x\nextra: ocr\nmodels: [{name: m, path: pkg://no_such_pkg_y/m.onnx}]"
+    with pytest.raises(
+        ic.ConfigError,
+        match=re.escape(
+            "key 'models[0].path': package 'no_such_pkg_y' of 'pkg://no_such_pkg_y/m.onnx' is not "
+            "installed: pip install 'inferchain[ocr]' (rapidocr-onnxruntime>=1.4.4)"
+        ),
+    ):
+        ic.load_recipe(write(tmp_path, text))
+    bare = "name: x\nmodels: [{name: m, path: pkg://no_such_pkg_y/m.onnx}]"
+    with pytest.raises(ic.ConfigError, match=r"is not installed: pip install no_such_pkg_y$"):
+        ic.load_recipe(write(tmp_path, bare))

@@ -126,3 +126,16 @@ def test_a_cancelled_task_cancels_its_request(mlp_path: Path) -> None:
         req = asyncio.run(main(oi))
         assert oi.wait_all(timeout=10)
     assert req.state is S.CANCELLED
+
+
+def test_a_request_has_what_its_docstring_lists_and_is_no_future_subclass() -> None:
+    """The documented surface (README, `Request`): Future's reading and waiting methods,
+    not its setters, and no claim to be a `concurrent.futures.Future`."""
+    req = ic.Request(1, "m", (X,))
+    for name in ("result", "exception", "done", "running", "cancelled", "cancel"):
+        assert callable(getattr(req, name)), name
+    assert callable(req.add_done_callback) and callable(req.__await__)
+    assert not isinstance(req, cf.Future)
+    assert not hasattr(req, "set_result") and not hasattr(req, "set_exception")
+    with pytest.raises(AssertionError, match=r"concurrent\.futures\.Future is expected"):
+        asyncio.wrap_future(req)  # type: ignore[arg-type]

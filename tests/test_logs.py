@@ -16,7 +16,7 @@ import numpy as np
 import inferchain as ic
 {setup}
 recipe = ic.Recipe.from_dict({{"name": "quiet", "models": [{{"name": "m", "path": sys.argv[1],
-    "max_batch_size": 4}}], "providers": ["NoSuchExecutionProvider", "CPUExecutionProvider"]}})
+    "max_batch_size": 4}}], "providers": ["RknpuExecutionProvider", "CPUExecutionProvider"]}})
 with ic.OfflineInference(recipe) as oi:
     oi.infer("m", np.zeros(64, np.float32))
 """

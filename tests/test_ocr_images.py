@@ -1,14 +1,13 @@
 """The OCR recipe reads every kind of image RapidOCR accepts exactly as RapidOCR does.
 
 Generated pages of each kind (gray, gray + alpha, RGB, RGBA, 1-bit, EXIF-rotated; as paths,
-bytes, arrays and PIL images) go through `read_page` and through RapidOCR 1.4.4's own
+bytes, arrays and PIL images) go through `read_image` and through RapidOCR 1.4.4's own
 `LoadImage`, and through the whole recipe and `RapidOCR()`: the same pixels, the same lines.
 """
 
 from __future__ import annotations
 
 import io
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +18,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 import inferchain as ic
+import inferchain.images
 
 rapidocr = pytest.importorskip("rapidocr_onnxruntime")
 from rapidocr_onnxruntime.utils import LoadImage  # noqa: E402
@@ -108,9 +108,9 @@ def oi() -> Iterator[ic.OfflineInference]:
 
 
 @pytest.fixture(scope="module")
-def images(oi: ic.OfflineInference) -> ModuleType:
-    """The recipe's `images` module, as the recipe loaded it."""
-    return sys.modules[type(oi.pipeline).__module__.rsplit(".", 1)[0] + ".images"]
+def images() -> ModuleType:
+    """The image reader the recipe reads its pages with (every image recipe's)."""
+    return inferchain.images
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def items_of(kind: str, tmp_path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_read_page_gives_rapidocrs_pixels_for_every_input_type(
+def test_read_image_gives_rapidocrs_pixels_for_every_input_type(
     kind: str, tmp_path: Path, images: ModuleType
 ) -> None:
     for how, item in items_of(kind, tmp_path).items():
@@ -141,27 +141,27 @@ def test_read_page_gives_rapidocrs_pixels_for_every_input_type(
             with pytest.raises(Exception, match="Bool"):
                 LoadImage()(item)  # RapidOCR does not take it, nor do we
             with pytest.raises(ic.InvalidInput, match="expected 8-bit pixels"):
-                images.read_page(item)
+                images.read_image(item)
             continue
-        ours, theirs = images.read_page(item), LoadImage()(item)
+        ours, theirs = images.read_image(item), LoadImage()(item)
         assert ours.dtype == np.uint8 and ours.shape == theirs.shape, (kind, how)
         assert np.array_equal(ours, theirs), (kind, how)
 
 
-def test_read_page_ignores_exif_orientation_like_rapidocr(images: ModuleType) -> None:
+def test_read_image_ignores_exif_orientation_like_rapidocr(images: ModuleType) -> None:
     data = exif_rotated_jpeg()
-    ours = images.read_page(data)
+    ours = images.read_image(data)
     assert ours.shape[:2] == (90, 360)  # not turned: RapidOCR 1.4.4 does not turn it either
     assert np.array_equal(ours, LoadImage()(data))
 
 
-def test_read_page_takes_arrays_of_one_two_and_four_channels_as_rapidocr(
+def test_read_image_takes_arrays_of_one_two_and_four_channels_as_rapidocr(
     images: ModuleType,
 ) -> None:
     rng = np.random.default_rng(0)
     for shape in [(20, 30), (20, 30, 1), (20, 30, 2), (20, 30, 3), (20, 30, 4)]:
         array = rng.integers(0, 256, shape, dtype=np.uint8)
-        assert np.array_equal(images.read_page(array), LoadImage()(array)), shape
+        assert np.array_equal(images.read_image(array), LoadImage()(array)), shape
 
 
 def lines_of(result: list[Any]) -> list[tuple[str, list[list[float]], float]]:
@@ -198,7 +198,7 @@ def test_exif_rotated_page_reads_as_rapidocr(oi: ic.OfflineInference, engine: An
     [
         ("no/such/page.png", "no/such/page.png: no such image file"),
         (b"not an image", "not a readable image"),
-        (42, "a page must be an image file path, encoded image bytes, a numpy array"),
+        (42, "an image must be an image file path, encoded image bytes, a numpy array"),
         (np.zeros((8, 8, 3), np.float32), "expected 8-bit pixels"),
         (np.zeros((8, 8, 5), np.uint8), r"expected \(H, W\) or \(H, W, 1..4\)"),
     ],

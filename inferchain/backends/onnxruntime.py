@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from inferchain.backends.base import Backend, Session
+from inferchain.backends.probe import unknown_provider
 from inferchain.config import ModelConfig, Recipe, SessionOptions
 from inferchain.errors import BackendError, ConfigError, LoadError
 from inferchain.layout import Layout
@@ -50,23 +51,42 @@ def session_options(options: SessionOptions) -> ort.SessionOptions:
         if options.execution_mode == "parallel"
         else ort.ExecutionMode.ORT_SEQUENTIAL
     )
+    if options.log_severity_level is not None:  # else the process default (set_log_level)
+        so.log_severity_level = options.log_severity_level
     if not options.allow_spinning:  # idle intra-op threads sleep instead of spinning
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return so
 
 
+#: `inferchain --log-level` -> onnxruntime's severity (0 verbose, 1 info, 2 warning, 3 error)
+SEVERITIES = {"debug": 0, "info": 1, "warning": 2, "error": 3}
+
+
+def set_log_level(level: str) -> None:
+    """onnxruntime's own log (its C++ warnings, e.g. `VerifyOutputSizes`) at `level` and up
+    (a `--log-level` name), for the sessions made after: for applications, as
+    `inferchain.logs.configure_output` calls it; a recipe's `session_options:
+    {log_severity_level: N}` overrides it per session."""
+    ort.set_default_logger_severity(SEVERITIES[level.lower()])
+
+
 def providers(
-    requested: Sequence[str | Mapping[str, Any]], available: Sequence[str]
+    requested: Sequence[str | Mapping[str, Any]],
+    available: Sequence[str],
+    known: Sequence[str] = (),
+    where: str = "",
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """The recipe's providers that this onnxruntime build has, with their options.
 
-    A provider that is not available is dropped with a warning; CPU is always last, so a
-    recipe written for CUDA or CANN still runs (slowly) on a machine without them.
+    A name onnxruntime does not know at all (`known`: `ort.get_all_providers()`) is a
+    ConfigError naming the key (after `where`, e.g. the recipe file) and the closest name.
+    A known provider that this build lacks is dropped with a warning; CPU is always last,
+    so a recipe written for CUDA or CANN still runs (slowly) on a machine without them.
     """
     names: list[str] = []
     opts: list[dict[str, Any]] = []
-    for entry in requested:
+    for i, entry in enumerate(requested):
         options: Mapping[str, Any]
         if isinstance(entry, str):
             name, options = entry, {}
@@ -75,6 +95,9 @@ def providers(
                 raise ConfigError(f"provider entry {dict(entry)!r} must be {{Name: {{options}}}}")
             ((name, options),) = entry.items()
             options = options or {}
+        wrong = unknown_provider(name, known)
+        if wrong is not None:
+            raise ConfigError(f"{where}key 'providers[{i}]': {wrong}")
         if name not in available:
             log.warning("provider_unavailable", provider=name, available=list(available))
             continue
@@ -162,7 +185,10 @@ class OnnxRuntimeBackend(Backend):
     def __init__(self, recipe: Recipe) -> None:
         self._recipe = recipe
         self._providers, self._provider_options = providers(
-            recipe.providers, ort.get_available_providers()
+            recipe.providers,
+            ort.get_available_providers(),
+            ort.get_all_providers(),
+            f"{recipe.source}: ",
         )
 
     def load(self, model: ModelConfig, device: int) -> Session:

@@ -6,7 +6,9 @@ Importing pyACL does not initialise it: no device is touched.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+from collections.abc import Sequence
 
 import attrs
 
@@ -22,6 +24,7 @@ class RuntimeProbe:
     version: str | None = None
     detail: str = ""  # where it was found, or why it cannot be used
     providers: tuple[str, ...] = ()  # onnxruntime's execution providers in this build
+    known_providers: tuple[str, ...] = ()  # every provider name onnxruntime knows, any build
 
 
 def probe_onnxruntime() -> RuntimeProbe:
@@ -29,10 +32,22 @@ def probe_onnxruntime() -> RuntimeProbe:
     try:
         ort = importlib.import_module("onnxruntime")
         providers = tuple(ort.get_available_providers())
+        known = tuple(ort.get_all_providers())
     except Exception as e:  # ImportError, or a broken native library
         return RuntimeProbe("onnxruntime", False, detail=f"{type(e).__name__}: {e}")
     version = str(getattr(ort, "__version__", "?"))
-    return RuntimeProbe("onnxruntime", True, version, ", ".join(providers), providers)
+    return RuntimeProbe("onnxruntime", True, version, ", ".join(providers), providers, known)
+
+
+def unknown_provider(name: str, known: Sequence[str]) -> str | None:
+    """Why `name` is not an execution provider at all (a misspelling, not one this build
+    lacks), with the closest known name; None when onnxruntime knows it (or no list of
+    known names is given)."""
+    if not known or name in known:
+        return None
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
+    return f"onnxruntime has no execution provider {name!r} ({hint})"
 
 
 def probe_acl() -> RuntimeProbe:

@@ -10,9 +10,11 @@ from typing import Any
 
 from inferchain.cli.options import add_command, positive_int
 from inferchain.config import load_recipe
+from inferchain.extras import require
 from inferchain.tools.bench import run_bench
 from inferchain.tools.bench_report import BenchReport, Source, format_report
 from inferchain.tools.feeds import DYNAMIC_DIM
+from inferchain.tools.plot import PLOT_MODULES
 from inferchain.tools.progress import Progress
 
 
@@ -49,6 +51,8 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.plot:  # before anything runs, not after the whole benchmark
+        require(PLOT_MODULES, "plot", "--plot")
     recipe = load_recipe(args.recipe)
     source: Source = "pipeline" if args.pipeline else "synthetic"
     models = args.model or [m.name for m in recipe.models]

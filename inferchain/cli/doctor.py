@@ -6,7 +6,6 @@ import argparse
 from typing import Any
 
 from inferchain.cli.options import add_command
-from inferchain.config import load_recipe
 from inferchain.tools.doctor import diagnose, exit_status, format_checks
 
 
@@ -19,8 +18,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    recipe = load_recipe(args.recipe) if args.recipe else None
-    checks = diagnose(recipe)
+    checks = diagnose(args.recipe)
     print(format_checks(checks, verbose=args.verbose))
     status = exit_status(checks)
     if status:

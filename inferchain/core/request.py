@@ -67,6 +67,13 @@ class Request:
 
     Created by `OfflineInference.submit()`; users read it and may `cancel()` it or wait on
     `result()`. The fields are read-only from outside: the layers move the state.
+
+    A future by duck typing, not a `concurrent.futures.Future` subclass (`isinstance` is
+    False, `asyncio.wrap_future` refuses it): it has Future's `result(timeout)`,
+    `exception(timeout)`, `done()`, `running()`, `cancelled()`, `cancel()` and
+    `add_done_callback(fn)`, works with `concurrent.futures.wait` and `as_completed`, and
+    `await request` works in asyncio. It has no `set_result` / `set_exception`: only the
+    layers end it.
     """
 
     __slots__ = (

@@ -257,7 +257,9 @@ class ModelWorker:
         if self._batching and limit is not None and self.model.max_batch_size > limit:
             raise ConfigError(
                 f"model {self.model.name!r}: max_batch_size {self.model.max_batch_size} "
-                f"exceeds the {limit} the loaded model accepts{_on_axes(layout)}"
+                f"exceeds the {limit} the loaded model accepts{_on_axes(layout)}: set "
+                f"max_batch_size: {limit} (and more `instances` for throughput), or re-export "
+                "the model with a dynamic batch dim (docs/own-model.md)"
             )
         self.num_streams = max(1, session.num_streams)
         self._layout = layout

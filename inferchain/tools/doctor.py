@@ -20,8 +20,15 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from inferchain.backends.probe import RuntimeProbe, probe_acl, probe_onnxruntime
-from inferchain.config import Recipe
+from inferchain.backends.probe import (
+    RuntimeProbe,
+    probe_acl,
+    probe_onnxruntime,
+    unknown_provider,
+)
+from inferchain.config import Recipe, load_recipe, recipe_file
+from inferchain.errors import ConfigError, MissingDependency
+from inferchain.pipeline import pipeline_class
 from inferchain.tools.table import render
 
 ASCEND = Path("/usr/local/Ascend")  # CANN's default install root
@@ -126,7 +133,25 @@ def runtime_checks(ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
 
 
 def recipe_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
-    """Whether `recipe`'s backend, and each provider it asks for, can run here."""
+    """Whether `recipe`'s backend, each provider it asks for and its pipeline (with what
+    the pipeline imports) can run here: the checks `init()` makes before loading a model."""
+    return [*_backend_checks(recipe, ort, acl), *pipeline_checks(recipe)]
+
+
+def pipeline_checks(recipe: Recipe) -> list[Check]:
+    """The recipe's pipeline file imports, its class is there, and so is every module it
+    `requires` (`inferchain.pipeline.pipeline_class`, as `init()` checks it)."""
+    if not recipe.pipeline:
+        return []
+    try:
+        cls = pipeline_class(recipe)
+    except (ConfigError, MissingDependency) as e:
+        return [Check("  pipeline", Status.FAIL, str(e))]
+    also = f"; {', '.join(cls.requires)} import" if cls.requires else ""
+    return [Check("  pipeline", Status.OK, f"{recipe.pipeline} imports{also}")]
+
+
+def _backend_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
     name = f"recipe {recipe.name}"
     if recipe.backend == "acl":
         if not acl.available:
@@ -137,7 +162,10 @@ def recipe_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> list[
     checks = [Check(name, Status.OK, "backend onnxruntime")]
     for entry in recipe.providers:
         provider = entry if isinstance(entry, str) else next(iter(entry), "?")
-        if provider in ort.providers:
+        wrong = unknown_provider(provider, ort.known_providers)
+        if wrong is not None:
+            checks.append(Check(f"  {provider}", Status.FAIL, wrong))
+        elif provider in ort.providers:
             checks.append(Check(f"  {provider}", Status.OK, "available"))
         else:
             detail = "not in this onnxruntime build: runs on CPUExecutionProvider instead"
@@ -145,8 +173,17 @@ def recipe_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> list[
     return checks
 
 
-def diagnose(recipe: Recipe | None = None) -> list[Check]:
-    """Every check; with `recipe`, also whether it can run here."""
+def diagnose(recipe: Recipe | str | Path | None = None) -> list[Check]:
+    """Every check; with `recipe`, also whether it can run here.
+
+    `recipe` may be a path: a recipe that does not load here (a package of its models not
+    installed, a wrong key) is then a FAIL line of its own; a path that is no recipe at all
+    raises ConfigError.
+    """
+    if isinstance(recipe, str | Path):
+        recipe, failed = load_check(recipe)
+        if failed is not None:
+            return [*diagnose(None), failed]
     ort, acl = probe_onnxruntime(), probe_acl()
     checks = runtime_checks(ort, acl)
     checks += [
@@ -158,6 +195,15 @@ def diagnose(recipe: Recipe | None = None) -> list[Check]:
     if recipe is not None:
         checks += recipe_checks(recipe, ort, acl)
     return checks
+
+
+def load_check(path: str | Path) -> tuple[Recipe | None, Check | None]:
+    """The recipe at `path`, or the FAIL line saying why it does not load here."""
+    recipe_file(path)  # no recipe there: bad input (ConfigError), not a failed check
+    try:
+        return load_recipe(path), None
+    except ConfigError as e:
+        return None, Check(f"recipe {path}", Status.FAIL, str(e))
 
 
 def exit_status(checks: Sequence[Check]) -> int:

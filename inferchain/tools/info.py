@@ -71,17 +71,29 @@ def describe_recipe(recipe: Recipe, *, acl_module: object | None = None) -> list
                 keys = shapes.warm_keys() if model.max_batch_size > 0 else []
                 probed: OutputProbe | None = None
                 problems: tuple[str, ...] = ()
+                fixed = session.max_batch_size
+                rows = model.batch_rows if fixed is None else min(model.batch_rows, fixed)
                 if keys and not shapes.layout.shared:  # zeros are values it takes
                     probed, verdict = probe_session(
-                        model.name, session, shapes.layout, model.batch_rows, keys[0]
+                        model.name, session, shapes.layout, rows, keys[0]
                     )
                     problems = verdict.errors + verdict.warnings
+                if rows < model.batch_rows:  # what init() refuses before it probes
+                    problems = (_fixed_batch(model.name, model.max_batch_size, rows), *problems)
             finally:
                 session.close()
             reports.append(ModelReport(info, model.path, memory, probed, problems))
     finally:
         backend.close()
     return reports
+
+
+def _fixed_batch(model: str, asked: int, fixed: int) -> str:
+    return (
+        f"model {model!r}: max_batch_size {asked} exceeds the {fixed} its fixed batch dim "
+        f"accepts (probed at {fixed}): set max_batch_size: {fixed} (and more `instances` for "
+        "throughput), or re-export the model with a dynamic batch dim"
+    )
 
 
 def format_io(reports: Sequence[ModelReport]) -> str:

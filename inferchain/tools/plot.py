@@ -12,20 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from inferchain.errors import MissingDependency
+from inferchain.extras import require
 from inferchain.metrics import BatchTiming
 
 BINS = 50  # histogram bins and throughput intervals
+PLOT_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg")  # what a plot imports
 
 
 def _matplotlib() -> tuple[Any, Any]:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        raise MissingDependency(
-            f"plots need matplotlib, which is not installed ({e}): pip install 'inferchain[plot]'"
-        ) from None
+    require(PLOT_MODULES, "plot", "a plot")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     return Figure, FigureCanvasAgg
 
 

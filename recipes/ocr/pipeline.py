@@ -25,9 +25,8 @@ import pyclipper
 from shapely.geometry import Polygon
 
 from inferchain.errors import ConfigError, InvalidInput
+from inferchain.images import read_image
 from inferchain.pipeline import ImagePipeline, Process
-
-from .images import read_page
 
 if TYPE_CHECKING:
     from inferchain.offline import OfflineInference
@@ -404,15 +403,15 @@ class OcrPipeline(ImagePipeline):
         self.clock = StageClock()
 
     def load(self, path: Path) -> Array:
-        """A page file, read as RapidOCR reads it (`images.read_page`)."""
-        return read_page(path)
+        """A page file, read as RapidOCR reads it (`inferchain.images.read_image`)."""
+        return read_image(path)
 
     def process(self, item: Any) -> Process:
-        """One page (whatever `images.read_page` takes): a det request, a cls request per
-        line, then a rec request per line."""
+        """One page (whatever `inferchain.images.read_image` takes): a det request, a cls
+        request per line, then a rec request per line."""
         clock = self.clock
         with clock("det_pre"):
-            page = prepare_page(read_page(item), self.page_settings)
+            page = prepare_page(read_image(item), self.page_settings)
             tensor = det_input(page.image, self.det_settings, self.det_lut)
         if tensor is None:
             return []
@@ -482,7 +481,7 @@ class OcrPipeline(ImagePipeline):
 
     def save(self, source: Path, item: Any, result: list[Line], out_dir: Path) -> None:
         """`<stem>_ocr.png`: the page with each line's box drawn."""
-        image = read_page(item).copy()
+        image = read_image(item).copy()
         for line in result:
             points = np.array(line["box"], np.int32).reshape(-1, 1, 2)
             cv2.polylines(image, [points], True, (0, 0, 255), 2)

@@ -7,7 +7,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from inferchain.images import as_bgr
+from inferchain.images import read_image
 from inferchain.pipeline import ImagePipeline, Process
 
 
@@ -29,7 +29,7 @@ class OrientationPipeline(ImagePipeline):
         self.labels: list[str] = list(labels) or ["0", "90", "180", "270"]
 
     def preprocess(self, image: np.ndarray) -> np.ndarray:
-        image = as_bgr(image)
+        image = read_image(image)
         h, w = image.shape[:2]
         scale = self.resize_short / min(h, w)
         size = (round(w * scale), round(h * scale))

@@ -17,7 +17,16 @@ import numpy as np
 from inferchain import Stepper
 from inferchain.pipeline import Pipeline, Process
 
-from .vad import CHUNK, SAMPLING_RATE, chunk_inputs, num_chunks, read_wav, speech_segments
+from .vad import (
+    CHUNK,
+    SAMPLING_RATE,
+    Audio,
+    Segments,
+    chunk_inputs,
+    num_chunks,
+    read_audio,
+    speech_segments,
+)
 
 SR = np.array(SAMPLING_RATE, np.int64)  # a 0-d array: the exact-type fast path
 
@@ -75,41 +84,62 @@ class VadSteps(Stepper):
         return state.probs
 
 
-class VadPipeline(Pipeline):
-    """A 16 kHz mono file -> one sequence of steps (`VadSteps`) -> segments.
+def audio_of(item: Audio | np.ndarray) -> Audio:
+    """An item as `Audio`: a file read by `load`, or an array of 16 kHz mono samples."""
+    if isinstance(item, Audio):
+        return item
+    samples = np.asarray(item, dtype=np.float32).reshape(-1)
+    return Audio(samples, SAMPLING_RATE, samples.size)
 
-    The steps of many files batch together; a file's sequence ends with its last chunk and
-    frees its state slot for the next file.
+
+class VadPipeline(Pipeline):
+    """An audio file -> one sequence of steps (`VadSteps`) -> its speech segments.
+
+    Items are files read by `load` (any rate, resampled to 16 kHz; several channels mixed
+    down to their mean: `params: {resample, downmix}`) or arrays of 16 kHz mono samples.
+    The result is a `Segments` list of `{"start", "end"}` in the item's own samples (for a
+    16 kHz item, exactly the package's); its record adds seconds and the sampling rate. The
+    steps of many files batch together; a file's sequence ends with its last chunk and frees
+    its state slot for the next file.
     """
 
     suffixes = (".wav", ".flac", ".ogg")
+    requires = ("soundfile", "soxr")  # read_audio's reader and resampler
     steps = VadSteps()
 
-    def load(self, path: Path) -> Any:
-        return read_wav(path, resample=bool(self.params.get("resample", True)))
+    def load(self, path: Path) -> Audio:
+        resample = bool(self.params.get("resample", True))
+        return read_audio(path, resample=resample, downmix=bool(self.params.get("downmix", True)))
 
-    def process(self, item: np.ndarray) -> Process:
-        if item.size == 0:
-            return []
-        probs = yield self.oi.run_sequence("vad", self.steps, item)
-        return speech_segments(probs, item.size)
+    def process(self, item: Audio | np.ndarray) -> Process:
+        audio = audio_of(item)
+        if audio.samples.size == 0:
+            return Segments([], audio.rate, audio.channels)
+        probs = yield self.oi.run_sequence("vad", self.steps, audio.samples)
+        return Segments.of(speech_segments(probs, audio.samples.size), audio)
 
-    def to_record(self, result: Any) -> dict[str, Any]:
-        return {"segments": list(result)}
+    def to_record(self, result: Segments) -> dict[str, Any]:
+        """`{"sampling_rate": Hz, "channels": N, "segments": [{"start", "end", "start_s",
+        "end_s"}]}`: samples of the file itself at its rate, and seconds."""
+        return {
+            "sampling_rate": result.rate,
+            "channels": result.channels,
+            "segments": result.records(),
+        }
 
-    def summary(self, result: Any) -> str:
-        seconds = sum(s["end"] - s["start"] for s in result) / SAMPLING_RATE
-        return f"{len(result)} speech segments, {seconds:.1f} s of speech"
+    def summary(self, result: Segments) -> str:
+        return f"{len(result)} speech segments, {result.seconds:.1f} s of speech"
 
 
 class StepwisePipeline(VadPipeline):
     """The same recipe as a generator per file: one `seq.step` per chunk."""
 
-    def process(self, item: np.ndarray) -> Process:
-        inputs = chunk_inputs(item)
+    def process(self, item: Audio | np.ndarray) -> Process:
+        audio = audio_of(item)
+        inputs = chunk_inputs(audio.samples)
         probs = np.empty(len(inputs), dtype=np.float32)
         with self.oi.sequence("vad") as seq:
             for k, x in enumerate(inputs):
                 out = yield seq.step({"input": x, "sr": SR})
                 probs[k] = out["output"][0]
-        return speech_segments(probs, item.size)
+        return Segments.of(speech_segments(probs, audio.samples.size), audio)

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 
 from inferchain.errors import InvalidInput
@@ -28,12 +29,60 @@ STATE_SHAPE = (2, 128)  # the model's `state` per file: f32[2, B, 128], batch on
 Segment = dict[str, int]  # {"start": sample, "end": sample}
 
 
-def read_wav(path: str | Path, *, resample: bool = True) -> np.ndarray:
-    """A mono audio file as float32 samples at 16 kHz, read with soundfile.
+@attrs.frozen(eq=False)
+class Audio:
+    """One audio file as the model takes it, and the units of the file itself."""
 
-    Another sampling rate is converted with soxr (or refused when `resample` is False); a
-    file with more than one channel is refused: which channel, or which mix, is the speech
-    is the caller's decision. Raises `InvalidInput` naming the file.
+    samples: np.ndarray  # float32, mono, at SAMPLING_RATE (16 kHz)
+    rate: int  # the file's sampling rate, Hz
+    frames: int  # the file's length, in its own samples
+    channels: int = 1  # the file's channels (more than one: mixed down to their mean)
+
+
+class Segments(list[Segment]):
+    """A file's speech segments, `{"start", "end"}` in the file's own samples at `rate` Hz
+    (half-open, as the package gives them); equal to a plain list of the same segments."""
+
+    def __init__(self, segments: list[Segment], rate: int = SAMPLING_RATE, channels: int = 1):
+        super().__init__(segments)
+        self.rate = rate  # Hz of `start` and `end`
+        self.channels = channels  # of the file they were found in
+
+    @classmethod
+    def of(cls, segments: list[Segment], audio: Audio) -> Segments:
+        """`segments` found at 16 kHz (`speech_segments`) in the units of `audio`'s file."""
+        if audio.rate == SAMPLING_RATE:
+            return cls(segments, audio.rate, audio.channels)
+        scale = audio.rate / SAMPLING_RATE
+
+        def at(sample: int) -> int:
+            return min(audio.frames, round(sample * scale))
+
+        moved = [{"start": at(s["start"]), "end": at(s["end"])} for s in segments]
+        return cls(moved, audio.rate, audio.channels)
+
+    def records(self) -> list[dict[str, float]]:
+        """Each segment in the file's samples and in seconds (`start_s`, `end_s`)."""
+        rate = self.rate
+        return [
+            {**s, "start_s": round(s["start"] / rate, 6), "end_s": round(s["end"] / rate, 6)}
+            for s in self
+        ]
+
+    @property
+    def seconds(self) -> float:
+        """Speech in all, in seconds."""
+        return sum(s["end"] - s["start"] for s in self) / self.rate
+
+
+def read_audio(path: str | Path, *, resample: bool = True, downmix: bool = True) -> Audio:
+    """An audio file, read with soundfile, as 16 kHz mono float32 samples beside its own
+    rate, length and channels.
+
+    Another sampling rate is converted with soxr (or refused when `resample` is False). A
+    file with more than one channel is mixed down to the mean of its channels (or refused
+    when `downmix` is False: which channel, or which mix, is the speech is then the caller's
+    decision). Raises `InvalidInput` naming the file.
     """
     import soundfile as sf
 
@@ -41,22 +90,28 @@ def read_wav(path: str | Path, *, resample: bool = True) -> np.ndarray:
         audio, rate = sf.read(str(path), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError) as e:
         raise InvalidInput(f"{path}: not a readable audio file ({e})") from e
-    channels = audio.shape[1]
-    if channels != 1:
+    frames, channels = audio.shape
+    if channels != 1 and not downmix:
         raise InvalidInput(
             f"{path}: {channels} channels at {rate} Hz; the VAD recipe reads mono audio only "
-            f"(mix it down first, e.g. `sox {Path(path).name} -c 1 mono.wav`)"
+            f"with `downmix: false` (mix it down first, e.g. `sox {Path(path).name} -c 1 "
+            "mono.wav`, or let the recipe take the mean of the channels: `downmix: true`)"
         )
-    samples = np.ascontiguousarray(audio[:, 0])
-    if rate == SAMPLING_RATE:
-        return samples
-    if not resample:
-        raise InvalidInput(
-            f"{path}: sampled at {rate} Hz, mono; the VAD model needs {SAMPLING_RATE} Hz"
-        )
-    import soxr
+    samples = np.ascontiguousarray(audio[:, 0] if channels == 1 else audio.mean(axis=1))
+    if rate != SAMPLING_RATE:
+        if not resample:
+            raise InvalidInput(
+                f"{path}: sampled at {rate} Hz; the VAD model needs {SAMPLING_RATE} Hz"
+            )
+        import soxr
 
-    return np.asarray(soxr.resample(samples, rate, SAMPLING_RATE), dtype=np.float32)
+        samples = np.asarray(soxr.resample(samples, rate, SAMPLING_RATE), dtype=np.float32)
+    return Audio(samples.astype(np.float32, copy=False), int(rate), int(frames), int(channels))
+
+
+def read_wav(path: str | Path, *, resample: bool = True, downmix: bool = True) -> np.ndarray:
+    """The 16 kHz mono samples of an audio file (`read_audio`)."""
+    return read_audio(path, resample=resample, downmix=downmix).samples
 
 
 def num_chunks(num_samples: int) -> int:
