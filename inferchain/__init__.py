@@ -5,7 +5,6 @@ OfflineInference -> Scheduler -> ExecutionEngine -> ModelWorker -> Backend, on O
 """
 
 from inferchain.config import ModelConfig, Recipe, load_recipe
-from inferchain.core.records import Batch
 from inferchain.core.request import Request, RequestState
 from inferchain.errors import (
     BackendError,
@@ -26,7 +25,7 @@ from inferchain.errors import (
 )
 from inferchain.metrics import Stats
 from inferchain.offline import OfflineInference
-from inferchain.pipeline import Pipeline, import_recipe_module
+from inferchain.pipeline import ImagePipeline, Pipeline, Process, import_recipe_module
 from inferchain.sequence import LiveSequence, Stepper
 from inferchain.tensors import ModelInfo, TensorDesc
 
@@ -34,10 +33,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendError",
-    "Batch",
     "Closed",
     "ConfigError",
     "DependencyFailed",
+    "ImagePipeline",
     "InferchainError",
     "InvalidInput",
     "InvalidTransition",
@@ -49,6 +48,7 @@ __all__ = [
     "OfflineInference",
     "OutputMismatch",
     "Pipeline",
+    "Process",
     "QueueFull",
     "Recipe",
     "Request",
