@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ def crops() -> list[np.ndarray]:
     found: list[np.ndarray] = []
     with ic.OfflineInference(ic.load_recipe(OCR)) as oi:
         pipeline: Any = oi.pipeline
-        line_input = sys.modules[type(pipeline).__module__].line_input
+        line_input = ic.import_recipe_module(OCR).line_input
         padded_as_the_recipe_does = pipeline.rec_inputs
 
         def at_own_width(lines: list[np.ndarray]) -> list[np.ndarray]:

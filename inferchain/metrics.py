@@ -20,7 +20,14 @@ import attrs
 import numpy as np
 
 from inferchain.core.records import NO_STAGES, Batch, BatchTiming
-from inferchain.utilisation import Activity, BusyClock, HostClock, Utilisation, utilisation
+from inferchain.utilisation import (
+    Activity,
+    BusyClock,
+    HostClock,
+    LockedActivity,
+    Utilisation,
+    utilisation,
+)
 
 __all__ = [
     "NO_STAGES",
@@ -329,7 +336,8 @@ class Metrics:
         self.created = time.perf_counter()
         self._lock = threading.Lock()
         self._items = _Rings()  # pipeline stages, per item
-        self.activity = Activity()  # anything in flight: the engine's works, the driver's items
+        self.activity = LockedActivity()  # the pipeline drivers' items in flight (any thread)
+        self.engine_activity = Activity()  # the engine's works (under its drain lock)
         self.host = HostClock()  # the pipeline driver's host steps
 
     def record_item(self, stages: Mapping[str, float]) -> None:
@@ -390,7 +398,7 @@ class Metrics:
             with m._lock:
                 busy.update({w: _copy(c) for w, c in m.busy.items()})
                 padding[name] = (m.padded, m.elements)
-        return utilisation(self.activity, busy, self.host, padding)
+        return utilisation((self.activity, self.engine_activity), busy, self.host, padding)
 
 
 def _copy(clock: BusyClock) -> BusyClock:

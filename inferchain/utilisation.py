@@ -13,8 +13,8 @@ worker's time is split three ways:
 The host pool's busy share is its threads' time in host steps over its threads times the
 span. A model's padding share is the input elements its batches ran that were padding (rows
 padded to a fixed batch, dims padded to a bucket or to a batch's longest row) over all the
-elements they ran. `Activity` is the one clock of "something is in flight", fed by the
-engine (works submitted, until they settle) and the pipeline driver (items, until they end).
+elements they ran. `Activity` is a clock of "something is in flight": the engine has one
+(works submitted, until they settle) and the pipeline drivers one (items, until they end).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -30,43 +30,70 @@ _HOST_TIMELINE = 4096  # latest host steps kept for traces
 
 
 class Activity:
-    """Counts what is in flight (any thread) and the seconds during which anything was."""
+    """Counts what is in flight and the seconds during which anything was. Not locked: its
+    owner calls it under a lock of its own (the engine, under its drain lock), so its hot
+    path takes no second lock; `span` reads it as it is (a moment's skew at most).
+    `LockedActivity` is the one for any thread."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._count = 0
         self._since = 0.0  # when the count last left 0
         self._active_s = 0.0  # closed active spans, seconds
         self.first: float | None = None  # the first enter
-        self.last = 0.0  # the last leave to 0 (or enter, while active)
+        self.last = 0.0  # the last leave to 0
 
     def enter(self, now: float | None = None) -> None:
-        now = time.perf_counter() if now is None else now
-        with self._lock:
-            if self._count == 0:
-                self._since = now
-                if self.first is None:
-                    self.first = now
-            self._count += 1
+        if self._count == 0:
+            self._since = t = time.perf_counter() if now is None else now
+            if self.first is None:
+                self.first = t
+        self._count += 1
 
     def leave(self, now: float | None = None) -> None:
-        now = time.perf_counter() if now is None else now
-        with self._lock:
-            self._count -= 1
-            if self._count == 0:
-                self._active_s += now - self._since
-                self.last = now
+        self._count -= 1
+        if self._count == 0:
+            self.last = t = time.perf_counter() if now is None else now
+            self._active_s += t - self._since
 
-    def span(self, now: float | None = None) -> tuple[float, float]:
-        """(seconds from the first enter to the last leave, or to now while active;
-        seconds of those during which anything was in flight)."""
+    def span(self, now: float | None = None) -> tuple[float | None, float, float]:
+        """(the first enter, the last leave or now while active, seconds during which
+        anything was in flight)."""
         now = time.perf_counter() if now is None else now
+        if self._count:
+            return self.first, now, self._active_s + now - self._since
+        return self.first, self.last, self._active_s
+
+
+class LockedActivity(Activity):
+    """An `Activity` any thread may call (the pipeline drivers')."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def enter(self, now: float | None = None) -> None:
         with self._lock:
-            if self.first is None:
-                return 0.0, 0.0
-            if self._count:
-                return now - self.first, self._active_s + now - self._since
-            return self.last - self.first, self._active_s
+            super().enter(now)
+
+    def leave(self, now: float | None = None) -> None:
+        with self._lock:
+            super().leave(now)
+
+    def span(self, now: float | None = None) -> tuple[float | None, float, float]:
+        with self._lock:
+            return super().span(now)
+
+
+def merged_span(*activities: Activity) -> tuple[float, float]:
+    """(seconds from the first enter of any to the last leave of any; seconds active, the
+    most of any one: the pipeline's items hold the engine's works within them)."""
+    now = time.perf_counter()
+    spans = [a.span(now) for a in activities]
+    firsts = [f for f, _, _ in spans if f is not None]
+    if not firsts:
+        return 0.0, 0.0
+    last = max(last for f, last, _ in spans if f is not None)
+    return last - min(firsts), max(active for _, _, active in spans)
 
 
 class BusyClock:
@@ -196,13 +223,13 @@ class Utilisation:
 
 
 def utilisation(
-    activity: Activity,
+    activities: Sequence[Activity],
     workers: Mapping[str, BusyClock],
     host: HostClock,
     padding: Mapping[str, tuple[int, int]],
 ) -> Utilisation:
     """The figures now, from the clocks (`padding`: model -> (padded, total) elements)."""
-    span, active = activity.span()
+    span, active = merged_span(*activities)
     uses = []
     for name in sorted(workers, key=_worker_order):
         clock = workers[name]

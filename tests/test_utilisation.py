@@ -14,20 +14,39 @@ from inferchain.pipeline import Pipeline, Process
 from inferchain.testing.onnx_models import write_image_model, write_mlp64
 from inferchain.tools.bench_report import utilisation_table
 from inferchain.tools.trace import chrome_trace
-from inferchain.utilisation import Activity, BusyClock, HostClock, HostStep, utilisation
+from inferchain.utilisation import (
+    Activity,
+    BusyClock,
+    HostClock,
+    HostStep,
+    LockedActivity,
+    merged_span,
+    utilisation,
+)
 
 
 def test_activity_counts_the_time_anything_was_in_flight() -> None:
     a = Activity()
-    assert a.span(5.0) == (0.0, 0.0)
+    assert a.span(5.0) == (None, 0.0, 0.0)
     a.enter(10.0)
     a.enter(11.0)
     a.leave(12.0)  # one still in flight
     a.leave(13.0)  # 10 -> 13 active
     a.enter(15.0)  # 13 -> 15 nothing in flight
-    assert a.span(16.0) == (6.0, 4.0)
+    assert a.span(16.0) == (10.0, 16.0, 4.0)
     a.leave(17.0)
-    assert a.span(99.0) == (7.0, 5.0)
+    assert a.span(99.0) == (10.0, 17.0, 5.0)
+
+
+def test_the_span_of_two_clocks_runs_from_the_first_enter_to_the_last_leave() -> None:
+    driver, engine = LockedActivity(), Activity()
+    driver.enter(1.0)
+    engine.enter(2.0)
+    engine.leave(3.0)
+    driver.leave(5.0)
+    engine.enter(6.0)
+    engine.leave(7.0)
+    assert merged_span(driver, engine) == (6.0, 4.0)  # 1 -> 7; the driver's 4 s the most
 
 
 def test_a_workers_overlapping_batches_count_once() -> None:
@@ -50,7 +69,7 @@ def test_utilisation_splits_idle_time_into_starved_and_nothing_to_do() -> None:
     host = HostClock()
     host.started(2)
     host.record(HostStep("h0", 0.0, 9.0, 0))
-    u = utilisation(a, {"m#0": busy}, host, {"m": (1, 4)})
+    u = utilisation((a,), {"m#0": busy}, host, {"m": (1, 4)})
     (w,) = u.workers
     assert (w.busy_s, w.starved_s, w.idle_s) == pytest.approx((3.0, 6.0, 1.0))
     assert (w.busy, w.starved, w.mean_batch) == pytest.approx((0.3, 0.6, 6.0))

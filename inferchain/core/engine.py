@@ -720,7 +720,7 @@ class ExecutionEngine:
         with self._drained:
             self._outstanding -= 1
             if self._outstanding == 0:
-                self._metrics.activity.leave()
+                self._metrics.engine_activity.leave()
                 self._drained.notify_all()
 
     # -- shared counters ------------------------------------------------------------------
@@ -729,7 +729,7 @@ class ExecutionEngine:
         with self._drained:
             self._outstanding += 1
             if self._outstanding == 1:  # the engine has something in flight again
-                self._metrics.activity.enter()
+                self._metrics.engine_activity.enter()
         requests = work.requests
         if requests is not None:
             if work.formed:  # a batch of sequence steps: their ids are not consecutive

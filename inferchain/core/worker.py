@@ -141,6 +141,7 @@ class ModelWorker:
         self._moved_outputs: tuple[tuple[int, int], ...] = ()  # (output, its batch axis) != 0
         # what `collect` returns and where each keeps its rows (checked on every batch)
         self._returned: tuple[tuple[TensorDesc, ...], tuple[int, ...]] = ((), ())
+        self._rows_first = True  # every output keeps its rows on axis 0
         self.probed: OutputProbe | None = None  # the real output shapes (prepare with probe)
         self._sizes: dict[ShapeKey, int] = {}  # elements of one row, per item shape key
         self._layout: Layout | None = None
@@ -265,6 +266,7 @@ class ModelWorker:
         self._layout = layout
         self._moved_outputs = layout.moved_outputs
         self._returned = (session.outputs, layout.outputs)
+        self._rows_first = all(a == 0 for a in layout.outputs)
         self._shared = bool(layout.shared)
         pad = self.shapes.pad_values if self.shapes is not None else 0.0
         self._buffers = HostBuffers(session.inputs, self.model.batch_rows, pad, layout.inputs)
@@ -449,7 +451,13 @@ class ModelWorker:
         if not self._batching:
             return tuple(outputs)
         descs, axes = self._returned
-        check_rows(self.model.name, descs, axes, outputs, n, self.session.max_batch_size)
+        padded = self.session.max_batch_size
+        if self._rows_first:  # the common case, checked without a call
+            for o in outputs:
+                if o.ndim == 0 or (len(o) != n and len(o) != padded):
+                    check_rows(self.model.name, descs, axes, outputs, n, padded)  # raises
+        else:
+            check_rows(self.model.name, descs, axes, outputs, n, padded)
         if self._moved_outputs:
             moved = list(outputs)
             for i, axis in self._moved_outputs:  # a view: rows first, no copy
@@ -462,12 +470,16 @@ class ModelWorker:
     def _elements(self, batch: Batch) -> tuple[int, int]:
         """Input elements the model ran for `batch` (its batched inputs, padding included),
         and of those padding: rows up to the session's padded batch, dims up to the key."""
-        session, layout = self.session, self._layout
-        if not self._batching or session is None or layout is None:
+        session = self.session
+        if not self._batching or session is None:
             return 0, 0
-        total = session.padded_rows(batch.rows) * self._row_elements(batch.shape_key)
-        useful = sum(s.rows * self._row_elements(s.work.exact) for s in batch.slices)
-        return total, total - useful
+        key, rows, slices = batch.shape_key, batch.rows, batch.slices
+        ran = session.padded_rows(rows)
+        per_row = self._sizes.get(key) or self._row_elements(key)
+        if ran == rows and len(slices) == 1 and slices[0].work.exact == key:
+            return rows * per_row, 0  # the common case: nothing padded
+        useful = sum(s.rows * self._row_elements(s.work.exact) for s in slices)
+        return ran * per_row, ran * per_row - useful
 
     def _row_elements(self, key: ShapeKey) -> int:
         """Elements of one row of the batched inputs of item shapes `key` (memoised)."""
