@@ -43,6 +43,9 @@ def read_image(item: Any) -> Array:
         name = str(item)
         if not Path(item).is_file():
             raise InvalidInput(f"{name}: no such image file")
+        fast = _rgb_png(name)
+        if fast is not None:
+            return fast
         image = _decode(name, lambda: Image.open(item))
     elif isinstance(item, bytes):
         name = f"an image of {len(item)} bytes"
@@ -57,6 +60,27 @@ def read_image(item: Any) -> Array:
             f"image, got {type(item).__name__}"
         )
     return to_bgr(image, through_pil=not isinstance(item, np.ndarray), name=name)
+
+
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _rgb_png(path: str) -> Array | None:
+    """An 8-bit RGB PNG (no palette, no alpha) decoded by OpenCV, which gives its pixels as
+    BGR directly, in about two thirds of PIL's time and without the RGB -> BGR copy (a PNG
+    is lossless: the same pixels either way). None for any other file, or one OpenCV cannot
+    decode: the PIL path reads it and names what is wrong."""
+    import cv2
+
+    with open(path, "rb") as f:
+        head = f.read(26)
+    # the signature, then IHDR: length, type, width, height, bit depth (24), colour type (25)
+    if len(head) < 26 or not head.startswith(_PNG) or head[12:16] != b"IHDR":
+        return None
+    if head[24] != 8 or head[25] != 2:
+        return None
+    image = cv2.imread(path, cv2.IMREAD_COLOR)
+    return None if image is None else np.asarray(image)
 
 
 def _decode(name: str, open_image: Callable[[], Any]) -> Array:

@@ -22,6 +22,30 @@ def test_a_path_reads_as_opencv_reads_an_8_bit_png(tmp_path: Path) -> None:
     assert np.array_equal(read_image(image), image)  # an array: BGR as it is
 
 
+def test_the_opencv_path_for_rgb_pngs_gives_pils_pixels(tmp_path: Path) -> None:
+    """8-bit RGB PNGs are decoded by OpenCV (faster, BGR at once); lossless, so exactly the
+    pixels of the PIL path, which every other kind of file takes."""
+    from PIL import Image
+
+    from inferchain import images
+
+    rng = np.random.default_rng(0)
+    rgb = tmp_path / "rgb.png"
+    Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)).save(rgb)
+    assert images._rgb_png(str(rgb)) is not None
+    through_pil = images.to_bgr(
+        images._decode(str(rgb), lambda: Image.open(rgb)), through_pil=True, name="rgb"
+    )
+    assert np.array_equal(read_image(rgb), through_pil)
+    for mode, shape in (("L", (9, 7)), ("RGBA", (9, 7, 4)), ("P", (9, 7))):
+        other = tmp_path / f"{mode}.png"
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode=mode).save(other)
+        assert images._rgb_png(str(other)) is None, mode
+    for page in sorted((ORIENTATION / "samples").iterdir()):
+        decoded = images._decode(str(page), lambda p=page: Image.open(p))  # type: ignore[misc]
+        assert np.array_equal(read_image(page), images.to_bgr(decoded, through_pil=True))
+
+
 @pytest.mark.parametrize(
     ("item", "message"),
     [
