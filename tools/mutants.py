@@ -116,14 +116,15 @@ MUTATIONS = [
     Mutation(
         "unaligned-async-copy",
         ACL,
-        "slot.ptr, slot.size, slot.host_ptr, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, stream",
-        "slot.ptr, slot.size, array.ctypes.data, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, stream",
+        "slot.ptr, slot.size, slot.host_ptr, count, ACL_MEMCPY_HOST_TO_DEVICE, stream",
+        "slot.ptr, slot.size, array.ctypes.data, count, ACL_MEMCPY_HOST_TO_DEVICE, stream",
     ),
     Mutation(
         "per-batch-malloc",
         ACL,
-        "            self._stage(array, slot, rows)\n",
-        "            self._stage(array, slot, rows)\n            rt.malloc(slot.size, 0)\n",
+        "            count = self._stage(array, slot, rows, axis, run)\n",
+        "            count = self._stage(array, slot, rows, axis, run)\n"
+        "            rt.malloc(slot.size, 0)\n",
     ),
     Mutation(
         "swapped-datasets",
@@ -135,9 +136,9 @@ MUTATIONS = [
         "no-input-copy",
         ACL,
         "            ret = rt.memcpy_async(\n"
-        "                slot.ptr, slot.size, slot.host_ptr, array.nbytes,",
+        "                slot.ptr, slot.size, slot.host_ptr, count,",
         "            ret = ACL_SUCCESS if slot else rt.memcpy_async(\n"
-        "                slot.ptr, slot.size, slot.host_ptr, array.nbytes,",
+        "                slot.ptr, slot.size, slot.host_ptr, count,",
     ),
     Mutation(
         "gear-too-small",

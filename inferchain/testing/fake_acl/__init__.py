@@ -270,15 +270,26 @@ class FakeAcl(Namespace):
         weakref.finalize(self, _stop_streams, state.streams)  # leaked streams' threads
 
     @classmethod
-    def for_recipe(cls, recipe: Recipe, **options: Any) -> FakeAcl:
+    def for_recipe(
+        cls,
+        recipe: Recipe,
+        *,
+        shapes: Mapping[str, Sequence[Any]] | None = None,
+        batches: Mapping[str, Sequence[int]] | None = None,
+        probe: Mapping[str, Mapping[str, float]] | None = None,
+        **options: Any,
+    ) -> FakeAcl:
         """A fake whose models are "compiled" from `recipe` as ATC would compile them for it
         (`fake_acl._recipe`): batch gears 1, 2, 4, ... up to each model's `max_batch_size`
-        (static batch 1 without batching); a model with `shapes: {strategy: buckets}` gets
-        dims gears instead, one per batch gear and bucket. `options` go to `FakeAcl()`."""
+        (static batch 1 without batching); a model with `shapes: {strategy: buckets}`, or
+        with rows off axis 0, gets dims gears instead, one per batch gear and bucket.
+        `shapes` / `batches` (by model name) give what the recipe leaves open: the item
+        shapes of the gears, the batch gears; `probe` the input values the fake finds the
+        output dims with (default zeros). `options` go to `FakeAcl()`."""
         from inferchain.testing.fake_acl._recipe import compile_options
 
         fake = cls(**options)
-        for path, compiled in compile_options(recipe).items():
+        for path, compiled in compile_options(recipe, shapes, batches, probe).items():
             fake._options[_key(path)] = compiled
         return fake
 
