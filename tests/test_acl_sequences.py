@@ -439,3 +439,43 @@ def test_state_on_batch_axis_1_stays_on_the_device_in_blocks(axis1: Path) -> Non
     assert {e.batch for e in executions} <= {1, 2, 4}  # the gears
     assert fake.errors == []
     assert all(v == 0 for v in fake.live_handles().values()), fake.live_handles()
+
+
+def test_rows_on_axis_1_are_padded_to_the_gear_and_cut_back(axis1: Path) -> None:
+    """Without `state:`, a batch of 3 rows runs the gear of 4 (of 1, 2, 4, 8): each input laid out with its
+    rows on its own axis at the gear's rows, the scalar whole, `stateN` (rows on axis 1)
+    cut back to the batch's rows; outputs identical to onnxruntime's."""
+    rng = np.random.default_rng(5)
+    items = [
+        {
+            "x": rng.standard_normal(H).astype(np.float32),
+            "state": rng.standard_normal((2, H)).astype(np.float32),
+            "gain": np.array(1.5, np.float32),
+        }
+        for _ in range(3)
+    ]
+    model = {
+        "name": "s",
+        "path": str(axis1),
+        "max_batch_size": 8,  # gears 1, 2, 4, 8
+        "inputs": {"state": {"batch_axis": 1}, "gain": {"batched": False}},
+        "outputs": {"stateN": {"batch_axis": 1}},
+        "max_queue_delay_ms": 10000,  # one batch of the three
+        "warmup": False,
+    }
+    with ic.OfflineInference(recipe(model)) as oi:
+        want = [r.result() for r in oi.submit_many("s", items)]
+    r = recipe(model, backend="acl")
+    fake = FakeAcl.for_recipe(r)
+    with ic.OfflineInference(r, acl_module=fake) as oi:
+        requests = oi.submit_many("s", items)
+        oi.flush()
+        got = [r.result() for r in requests]
+        sizes = oi.stats().models["s"].batch_sizes
+    assert sizes == {3: 1}
+    assert [e.batch for e in fake.executions] == [4]  # the gear that holds 3
+    for a, b in zip(got, want, strict=True):
+        assert set(a) == {"y", "stateN"}
+        np.testing.assert_array_equal(a["y"], b["y"])
+        np.testing.assert_array_equal(a["stateN"], b["stateN"])
+    assert fake.errors == []

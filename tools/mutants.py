@@ -25,9 +25,16 @@ import attrs
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "backends.md"
-TESTS = ["tests/test_backend_acl.py", "tests/test_acl_chain.py", "tests/test_fake_acl_samples.py"]
+TESTS = [
+    "tests/test_backend_acl.py",
+    "tests/test_acl_chain.py",
+    "tests/test_acl_sequences.py",
+    "tests/test_fake_acl_samples.py",
+]
 ACL = "inferchain/backends/acl.py"
 BUFFERS = "inferchain/backends/acl_buffers.py"
+STATE = "inferchain/backends/acl_state.py"
+GEARS = "inferchain/backends/acl_gears.py"
 REPORT = "inferchain/testing/fake_acl/_report.py"  # the fake itself: its new surface
 MDL = "inferchain/testing/fake_acl/_mdl.py"
 TIMEOUT_S = 600
@@ -163,6 +170,30 @@ MUTATIONS = [
         BUFFERS,
         'attempt(acl.destroy_data_buffer(slot.buffer), "destroy_data_buffer")',
         "None",
+    ),
+    Mutation(
+        "dims-gear-too-small",
+        GEARS,
+        "if gear.batch < rows or",
+        "if gear.batch < rows - 1 or",
+    ),
+    Mutation(
+        "batch-axis-staged-unpadded",
+        ACL,
+        "        if axis and rows != run:\n",
+        "        if False:\n",
+    ),
+    Mutation(
+        "outputs-not-cut-on-their-batch-axis",
+        ACL,
+        "out = out[(slice(None),) * axis + (slice(0, launched.rows),)]",
+        "out = out",
+    ),
+    Mutation(
+        "state-blocks-ignored",
+        STATE,
+        "            for block in range(c.outer):\n                at =",
+        "            for block in range(1):\n                at =",
     ),
     Mutation(
         "fake-callback-before-its-stream-work",
