@@ -661,8 +661,8 @@ class AclSession(Session):
         buffer_set.gear = None  # the model's current gear is per model: set it every time
         values = gear.values
         dims = {"dimCount": len(values), "dims": values}
-        ret = self._acl.mdl.set_input_dynamic_dims(self._model_id, buffer_set.in_dataset,
-                                                   self._mbatch_index, dims)  # fmt: skip
+        mdl, dataset = self._acl.mdl, buffer_set.in_dataset
+        ret = mdl.set_input_dynamic_dims(self._model_id, dataset, self._mbatch_index, dims)
         self._call(ret, f"mdl.set_input_dynamic_dims({values})")
         buffer_set.gear = gear
         return gear.batch

@@ -81,9 +81,9 @@ def _options(
     model: ModelConfig, buckets: Sequence[Any] | None, gears: Sequence[int] | None
 ) -> CompileOptions:
     inputs = _onnx_inputs(model.path)
-    batches: Sequence[int] = (
-        tuple(gears) if gears else batch_gears(model.max_batch_size)
-    ) if model.max_batch_size > 0 else (1,)  # fmt: skip
+    batches: Sequence[int] = (1,)
+    if model.max_batch_size > 0:
+        batches = tuple(gears) if gears else batch_gears(model.max_batch_size)
     shapes = model.shapes
     if not buckets and shapes.strategy in ("buckets", "fixed") and shapes.buckets:
         buckets = shapes.buckets
