@@ -69,6 +69,9 @@ MUTATIONS = [
         ACL,
         "        for buffer_set in self._sets:\n"
         "            buffer_set.release(acl, attempt)\n"
+        "        if self._state is not None:\n"
+        "            self._state.release(acl, attempt)\n"
+        "            self._state = None\n"
         "        for buffer_set in self._sets:\n"
         "            if buffer_set.stream:\n"
         '                attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")\n'
@@ -78,7 +81,10 @@ MUTATIONS = [
         '                attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")\n'
         "                buffer_set.stream = 0\n"
         "        for buffer_set in self._sets:\n"
-        "            buffer_set.release(acl, attempt)\n",
+        "            buffer_set.release(acl, attempt)\n"
+        "        if self._state is not None:\n"
+        "            self._state.release(acl, attempt)\n"
+        "            self._state = None\n",
     ),
     Mutation(
         "missing-sync-before-reading-outputs",
@@ -162,8 +168,9 @@ MUTATIONS = [
     Mutation(
         "one-staging-buffer-for-all-sets",
         ACL,
-        "        data = [buffer_set.in_slots[i] for i in self._data_index]\n        for array",
-        "        data = [self._sets[0].in_slots[i] for i in self._data_index]\n        for array",
+        "        data = [buffer_set.in_slots[i] for i in self._data_index]\n        for k, (array",
+        "        data = [self._sets[0].in_slots[i] for i in self._data_index]\n"
+        "        for k, (array",
     ),
     Mutation(
         "free-without-destroying-data-buffers",
