@@ -442,9 +442,9 @@ def test_state_on_batch_axis_1_stays_on_the_device_in_blocks(axis1: Path) -> Non
 
 
 def test_rows_on_axis_1_are_padded_to_the_gear_and_cut_back(axis1: Path) -> None:
-    """Without `state:`, a batch of 3 rows runs the gear of 4 (of 1, 2, 4, 8): each input laid out with its
-    rows on its own axis at the gear's rows, the scalar whole, `stateN` (rows on axis 1)
-    cut back to the batch's rows; outputs identical to onnxruntime's."""
+    """Without `state:`, a batch of 3 rows runs the gear of 4 (of 1, 2, 4, 8): each input
+    laid out with its rows on its own axis at the gear's rows, the scalar whole, `stateN`
+    (rows on axis 1) cut back to the batch's rows; outputs identical to onnxruntime's."""
     rng = np.random.default_rng(5)
     items = [
         {
