@@ -392,8 +392,6 @@ class Recipe(_Schema):
             )
             for i, m in enumerate(models)
         ]
-        for i, m in enumerate(raw["models"]):
-            _check_layout_backend(m, backend, source, i)
         names = [m.name for m in raw["models"]]
         if len(set(names)) != len(names):
             raise ConfigError(f"{source}: model names must be unique, got {names}")
@@ -427,20 +425,6 @@ def _resolve_streams(model: ModelConfig, backend: object, source: Path, index: i
             f"{backend!r} runs one batch per worker at a time (streams > 1 needs backend acl)"
         )
     return model
-
-
-def _check_layout_backend(model: ModelConfig, backend: object, source: Path, index: int) -> None:
-    """Batch axes other than 0 and unbatched inputs need a backend that takes them (the acl
-    backend stages and pads every input on axis 0, the way ATC compiles the batch)."""
-    if str(backend) != "acl":
-        return
-    moved = [f"inputs.{n}" for n, c in model.inputs.items() if c.batch_axis or not c.batched]
-    moved += [f"outputs.{n}" for n, c in model.outputs.items() if c.batch_axis]
-    if moved:
-        raise ConfigError(
-            f"{source}: key 'models[{index}].{moved[0]}': batch axes other than 0 and "
-            "unbatched inputs need backend onnxruntime (acl batches every input on axis 0)"
-        )
 
 
 PKG = "pkg://"

@@ -364,3 +364,118 @@ def test_the_memory_plan_counts_the_state_slots(acc16: Path) -> None:
         plan = oi.memory["acc"]
     assert plan.state_bytes == 32 * ROW
     assert plan.static_bytes == plan.model_bytes + plan.buffer_bytes + 32 * ROW
+
+
+# -- rows on another batch axis (silero-vad's layout) ---------------------------------------
+
+H = 16  # the stateful model's width: a row of its state is 64 bytes
+
+
+@pytest.fixture(scope="module")
+def axis1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from inferchain.testing.onnx_models import write_stateful
+
+    return write_stateful(tmp_path_factory.mktemp("axis1") / "stateful.onnx", hidden=H)
+
+
+def axis1_recipe(path: Path, backend: str) -> ic.Recipe:
+    return recipe(
+        {
+            "name": "s",
+            "path": str(path),
+            "max_batch_size": 4,
+            "inputs": {"state": {"batch_axis": 1}, "gain": {"batched": False}},
+            "state": {"stateN": "state"},
+            "max_sequences": 4,
+            "warmup": False,
+        },
+        backend=backend,
+    )
+
+
+class GainSteps(ic.Stepper):
+    """Each item: f32[steps, H]; the result: every step's `y`."""
+
+    def start(self, item: np.ndarray) -> dict[str, Any]:
+        return {"xs": item, "k": 0, "ys": []}
+
+    def feed(self, states: Sequence[dict[str, Any]]) -> Mapping[str, np.ndarray]:
+        x = np.stack([s["xs"][s["k"]] for s in states])
+        return {"x": x, "gain": np.array(0.5, np.float32)}
+
+    def take(self, states: Sequence[dict[str, Any]], outputs: Mapping[str, np.ndarray]) -> Any:
+        for s, y in zip(states, outputs["y"], strict=True):
+            s["ys"].append(y.copy())
+            s["k"] += 1
+        return [s["k"] == len(s["xs"]) for s in states]
+
+    def result(self, state: dict[str, Any]) -> np.ndarray:
+        return np.stack(state["ys"])
+
+
+def test_state_on_batch_axis_1_stays_on_the_device_in_blocks(axis1: Path) -> None:
+    """Dims gears (ATC puts a dynamic batch on axis 0 only), each batch padded to its gear on
+    axis 1; the state in device slots as [2, slots, row], gathered and scattered one copy
+    per block and run of slots; the same outputs as onnxruntime's host pool."""
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((int(rng.integers(1, 7)), H)).astype(np.float32) for _ in range(9)]
+    with ic.OfflineInference(axis1_recipe(axis1, "onnxruntime")) as oi:
+        want = [r.result() for r in [oi.run_sequence("s", GainSteps(), x) for x in xs]]
+    r = axis1_recipe(axis1, "acl")
+    fake = FakeAcl.for_recipe(r)
+    with ic.OfflineInference(r, acl_module=fake) as oi:
+        assert oi._model("s").pool.on_device  # type: ignore[union-attr]
+        got = [r.result() for r in [oi.run_sequence("s", GainSteps(), x) for x in xs]]
+        executions = list(fake.executions)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    steps = sum(len(x) for x in xs)
+    row = H * 4
+    copies = fake.copies()
+    assert copies["d2h"] == (len(executions), steps * row)  # `y` only, never the state
+    # `x` per step, the gain per batch, each sequence's initial state (2 blocks) once
+    assert copies["h2d"][1] == steps * row + len(executions) * 4 + len(xs) * 2 * row
+    assert copies["d2d"][1] == 2 * (2 * steps - len(xs)) * row  # in and out, both blocks
+    assert {e.batch for e in executions} <= {1, 2, 4}  # the gears
+    assert fake.errors == []
+    assert all(v == 0 for v in fake.live_handles().values()), fake.live_handles()
+
+
+def test_rows_on_axis_1_are_padded_to_the_gear_and_cut_back(axis1: Path) -> None:
+    """Without `state:`, a batch of 3 rows runs the gear of 4 (of 1, 2, 4, 8): each input
+    laid out with its rows on its own axis at the gear's rows, the scalar whole, `stateN`
+    (rows on axis 1) cut back to the batch's rows; outputs identical to onnxruntime's."""
+    rng = np.random.default_rng(5)
+    items = [
+        {
+            "x": rng.standard_normal(H).astype(np.float32),
+            "state": rng.standard_normal((2, H)).astype(np.float32),
+            "gain": np.array(1.5, np.float32),
+        }
+        for _ in range(3)
+    ]
+    model = {
+        "name": "s",
+        "path": str(axis1),
+        "max_batch_size": 8,  # gears 1, 2, 4, 8
+        "inputs": {"state": {"batch_axis": 1}, "gain": {"batched": False}},
+        "outputs": {"stateN": {"batch_axis": 1}},
+        "max_queue_delay_ms": 10000,  # one batch of the three
+        "warmup": False,
+    }
+    with ic.OfflineInference(recipe(model)) as oi:
+        want = [r.result() for r in oi.submit_many("s", items)]
+    r = recipe(model, backend="acl")
+    fake = FakeAcl.for_recipe(r)
+    with ic.OfflineInference(r, acl_module=fake) as oi:
+        requests = oi.submit_many("s", items)
+        oi.flush()
+        got = [r.result() for r in requests]
+        sizes = oi.stats().models["s"].batch_sizes
+    assert sizes == {3: 1}
+    assert [e.batch for e in fake.executions] == [4]  # the gear that holds 3
+    for a, b in zip(got, want, strict=True):
+        assert set(a) == {"y", "stateN"}
+        np.testing.assert_array_equal(a["y"], b["y"])
+        np.testing.assert_array_equal(a["stateN"], b["stateN"])
+    assert fake.errors == []

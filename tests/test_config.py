@@ -79,12 +79,6 @@ def test_orientation_recipe_loads_with_pkg_path() -> None:
             "name: x\nmodels: [{name: m, path: m.onnx, inputs: {sr: true}}]",
             "models[0].inputs.sr must be a mapping, got bool",
         ),
-        (
-            "name: x\nbackend: acl\n"
-            "models: [{name: m, path: m.onnx, inputs: {sr: {batched: false}}}]",
-            "'models[0].inputs.sr': batch axes other than 0 and unbatched inputs need backend "
-            "onnxruntime",
-        ),
         ("[1, 2]", "must be a mapping"),
         ("name: [unclosed", "not valid YAML"),
     ],

@@ -151,3 +151,33 @@ def test_the_recipe_runs_from_the_command_line_one_unit_per_line(
     assert [r["line"] for r in records] == [1, 2, 3]
     assert [r["text"] for r in records] == units[:3]
     assert [[(h["text"], h["score"]) for h in r["hypotheses"]] for r in records] == want
+
+
+def test_the_recipe_on_acl_gives_the_package_hypotheses(
+    units: list[str], spec: Any, expected: list[Any]
+) -> None:
+    """Both models on `backend: acl` through FakeAcl, their variable source length as dims
+    gears (ATC's `--dynamic_dims`: one per width up to the longest unit here, the encoder at
+    its batch of 256, the decoder at four batch gears): each batch runs the gear of its
+    width and the fewest rows that hold it; the package's hypotheses, bit for bit."""
+    from inferchain.testing.fake_acl import FakeAcl
+
+    widths = range(1, max(len(spec.source_ids(u)) for u in units) + 1)
+    recipe = ic.load_recipe(RECIPE, backend="acl")
+    fake = FakeAcl.for_recipe(
+        recipe,
+        shapes={
+            "encoder": [[[w], [w]] for w in widths],
+            "decoder": [[[1], [w, 256], [w], [2, 256]] for w in widths],
+        },
+        batches={"encoder": [256], "decoder": [64, 128, 256, 512]},
+    )
+    with ic.OfflineInference(recipe, acl_module=fake) as oi:
+        ours = list(oi.run(units))
+        sizes = oi.stats().models["encoder"].batch_sizes
+    mismatches = [(u, a, b) for u, a, b in zip(units, ours, expected, strict=True) if a != b]
+    assert mismatches == []
+    assert sizes == {256: 1, 44: 1}  # the package's batches; the 44 padded to the gear
+    assert {e.batch for e in fake.executions} <= {64, 128, 256, 512}
+    assert fake.errors == []
+    assert all(n == 0 for n in fake.live_handles().values()), fake.live_handles()

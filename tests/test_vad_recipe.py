@@ -221,3 +221,69 @@ def test_the_recipe_runs_from_the_command_line(samples: list[Path], tmp_path: Pa
         assert [{"start": s["start"], "end": s["end"]} for s in line["segments"]] == expected
         assert line["sampling_rate"] == 16000
     assert len(lines) == 3
+
+
+# -- on the acl backend (FakeAcl) -------------------------------------------------------------
+
+CHUNK = 576  # samples fed per step: 64 of context and a chunk of 512
+
+
+def acl_vad(instances: int) -> tuple[Any, Any]:
+    """The recipe on `backend: acl` with `instances`, and a fake compiled for it: dims gears
+    (ATC's `--dynamic_dims`: `state` keeps its rows on axis 1, so no dynamic batch), the chunk
+    length given as ATC is given it, the sampling rate as the fake's probe value."""
+    import attrs
+
+    import inferchain as ic
+    from inferchain.testing.fake_acl import FakeAcl
+
+    recipe = ic.load_recipe(RECIPE, backend="acl")
+    recipe = attrs.evolve(
+        recipe, models=tuple(attrs.evolve(m, instances=instances) for m in recipe.models)
+    )
+    fake = FakeAcl.for_recipe(
+        recipe, shapes={"vad": [[[CHUNK], [2, 128], []]]}, probe={"vad": {"sr": 16000}}
+    )
+    return recipe, fake
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_the_recipe_on_acl_gives_the_package_segments(
+    audios: list[np.ndarray], package_model: Any, instances: int
+) -> None:
+    """State on batch axis 1 staged and padded on the device at each dims gear; with one
+    instance it stays in device slots between steps, with two it goes in and out."""
+    import inferchain as ic
+
+    expected = ideal.package_segments(audios[:4], package_model)
+    recipe, fake = acl_vad(instances)
+    with ic.OfflineInference(recipe, acl_module=fake) as oi:
+        got = list(oi.run(audios[:4]))
+        pool = oi._models["vad"].pool
+        on_device = pool is not None and pool.on_device
+    assert got == expected
+    assert on_device == (instances == 1)
+    assert fake.errors == []
+    assert all(n == 0 for n in fake.live_handles().values()), fake.live_handles()
+
+
+def test_on_acl_the_state_never_goes_to_the_host_between_steps(audios: list[np.ndarray]) -> None:
+    """The copy counters, byte for byte: per step its chunk in (576 f32) and its
+    probability out (one f32; a file's last batch runs its steps past the end too); per
+    file its initial state in once (2 x 128 f32); per batch the sampling rate (one int64).
+    The state (1 KiB per row and step) never crosses to the host."""
+    import inferchain as ic
+
+    recipe, fake = acl_vad(1)
+    files = audios[:3]
+    with ic.OfflineInference(recipe, acl_module=fake) as oi:
+        before = fake.copies()
+        assert list(oi.run(files))
+        after = fake.copies()
+    k = ic.import_recipe_module(RECIPE).VadSteps.steps_per_batch
+    steps = sum(-(-vad.num_chunks(a.size) // k) * k for a in files)  # a last batch runs k too
+    h2d = after["h2d"][1] - before["h2d"][1]
+    launches, d2h = (after["d2h"][k] - before["d2h"][k] for k in (0, 1))  # one copy each
+    assert d2h == steps * 4  # the probabilities only
+    assert h2d == steps * CHUNK * 4 + len(files) * 2 * 128 * 4 + launches * 8
+    assert after["d2d"][1] - before["d2d"][1] >= 2 * (steps - len(files)) * 2 * 128 * 4

@@ -25,9 +25,16 @@ import attrs
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "backends.md"
-TESTS = ["tests/test_backend_acl.py", "tests/test_acl_chain.py", "tests/test_fake_acl_samples.py"]
+TESTS = [
+    "tests/test_backend_acl.py",
+    "tests/test_acl_chain.py",
+    "tests/test_acl_sequences.py",
+    "tests/test_fake_acl_samples.py",
+]
 ACL = "inferchain/backends/acl.py"
 BUFFERS = "inferchain/backends/acl_buffers.py"
+STATE = "inferchain/backends/acl_state.py"
+GEARS = "inferchain/backends/acl_gears.py"
 REPORT = "inferchain/testing/fake_acl/_report.py"  # the fake itself: its new surface
 MDL = "inferchain/testing/fake_acl/_mdl.py"
 TIMEOUT_S = 600
@@ -62,6 +69,9 @@ MUTATIONS = [
         ACL,
         "        for buffer_set in self._sets:\n"
         "            buffer_set.release(acl, attempt)\n"
+        "        if self._state is not None:\n"
+        "            self._state.release(acl, attempt)\n"
+        "            self._state = None\n"
         "        for buffer_set in self._sets:\n"
         "            if buffer_set.stream:\n"
         '                attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")\n'
@@ -71,7 +81,10 @@ MUTATIONS = [
         '                attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")\n'
         "                buffer_set.stream = 0\n"
         "        for buffer_set in self._sets:\n"
-        "            buffer_set.release(acl, attempt)\n",
+        "            buffer_set.release(acl, attempt)\n"
+        "        if self._state is not None:\n"
+        "            self._state.release(acl, attempt)\n"
+        "            self._state = None\n",
     ),
     Mutation(
         "missing-sync-before-reading-outputs",
@@ -116,14 +129,15 @@ MUTATIONS = [
     Mutation(
         "unaligned-async-copy",
         ACL,
-        "slot.ptr, slot.size, slot.host_ptr, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, stream",
-        "slot.ptr, slot.size, array.ctypes.data, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, stream",
+        "slot.ptr, slot.size, slot.host_ptr, count, ACL_MEMCPY_HOST_TO_DEVICE, stream",
+        "slot.ptr, slot.size, array.ctypes.data, count, ACL_MEMCPY_HOST_TO_DEVICE, stream",
     ),
     Mutation(
         "per-batch-malloc",
         ACL,
-        "            self._stage(array, slot, rows)\n",
-        "            self._stage(array, slot, rows)\n            rt.malloc(slot.size, 0)\n",
+        "            count = self._stage(array, slot, rows, axis, run)\n",
+        "            count = self._stage(array, slot, rows, axis, run)\n"
+        "            rt.malloc(slot.size, 0)\n",
     ),
     Mutation(
         "swapped-datasets",
@@ -135,9 +149,9 @@ MUTATIONS = [
         "no-input-copy",
         ACL,
         "            ret = rt.memcpy_async(\n"
-        "                slot.ptr, slot.size, slot.host_ptr, array.nbytes,",
+        "                slot.ptr, slot.size, slot.host_ptr, count,",
         "            ret = ACL_SUCCESS if slot else rt.memcpy_async(\n"
-        "                slot.ptr, slot.size, slot.host_ptr, array.nbytes,",
+        "                slot.ptr, slot.size, slot.host_ptr, count,",
     ),
     Mutation(
         "gear-too-small",
@@ -154,14 +168,39 @@ MUTATIONS = [
     Mutation(
         "one-staging-buffer-for-all-sets",
         ACL,
-        "        data = [buffer_set.in_slots[i] for i in self._data_index]\n        for array",
-        "        data = [self._sets[0].in_slots[i] for i in self._data_index]\n        for array",
+        "        data = [buffer_set.in_slots[i] for i in self._data_index]\n        for k, (array",
+        "        data = [self._sets[0].in_slots[i] for i in self._data_index]\n"
+        "        for k, (array",
     ),
     Mutation(
         "free-without-destroying-data-buffers",
         BUFFERS,
         'attempt(acl.destroy_data_buffer(slot.buffer), "destroy_data_buffer")',
         "None",
+    ),
+    Mutation(
+        "dims-gear-too-small",
+        GEARS,
+        "if gear.batch < rows or",
+        "if gear.batch < rows - 1 or",
+    ),
+    Mutation(
+        "batch-axis-staged-unpadded",
+        ACL,
+        "        if axis and rows != run:\n",
+        "        if False:\n",
+    ),
+    Mutation(
+        "outputs-not-cut-on-their-batch-axis",
+        ACL,
+        "out = out[(slice(None),) * axis + (slice(0, launched.rows),)]",
+        "out = out",
+    ),
+    Mutation(
+        "state-blocks-ignored",
+        STATE,
+        "            for block in range(c.outer):\n                at =",
+        "            for block in range(1):\n                at =",
     ),
     Mutation(
         "fake-callback-before-its-stream-work",

@@ -31,10 +31,12 @@ from inferchain.backends.acl_api import (
     null_error,
 )
 from inferchain.backends.acl_buffers import BufferSet, Launched, Slot, make_sets, set_bytes
+from inferchain.backends.acl_gears import DimsGear, batch_gear, pick_dims, split_dims, with_rows
 from inferchain.backends.acl_state import Carried, DeviceState, plan
 from inferchain.backends.base import Backend, Session, StateRows
 from inferchain.config import ModelConfig, Recipe
 from inferchain.errors import BackendError, LoadError
+from inferchain.layout import Axis, Layout
 from inferchain.logs import get_logger
 from inferchain.tensors import TensorDesc
 
@@ -146,6 +148,9 @@ class AclSession(Session):
         self._mbatch_index: int | None = None
         self._batch_gears: tuple[int, ...] = ()
         self._hw_gears: tuple[tuple[int, int], ...] = ()
+        self._dims_gears: tuple[DimsGear, ...] = ()
+        self._in_axes: tuple[Axis, ...] = ()  # per data input, the dim of its rows
+        self._out_axes: tuple[int, ...] = ()  # per output
         self._batch = 1  # rows the model runs: compiled batch or largest gear
         self._batching = model.max_batch_size > 0
         self.num_streams = model.streams or DEFAULT_STREAMS
@@ -181,6 +186,7 @@ class AclSession(Session):
             max_batch_size=session.max_batch_size,
             batch_gears=list(session._batch_gears),
             hw_gears=[list(g) for g in session._hw_gears],
+            dims_gears=len(session._dims_gears),
             streams=session.num_streams,
         )
         return session
@@ -232,15 +238,17 @@ class AclSession(Session):
         if not self._in_slots or not self._out_slots:
             raise BackendError(f"{self._model.name}: the model desc lists no inputs or outputs")
         names = [s.name for s in self._in_slots]
-        if DYNAMIC_INPUT_NAME in names:
-            self._mbatch_index = names.index(DYNAMIC_INPUT_NAME)
-            self._read_gears()
         self._data_index = [i for i, n in enumerate(names) if n != DYNAMIC_INPUT_NAME]
         data_slots = [self._in_slots[i] for i in self._data_index]
-        self._batch = self._compiled_batch(data_slots)
-        self.max_batch_size = self._batch
         self.inputs = tuple(TensorDesc(s.name, s.dims, s.dtype) for s in data_slots)
         self.outputs = tuple(TensorDesc(s.name, s.dims, s.dtype) for s in self._out_slots)
+        layout = Layout.of(self._model, self.inputs, self.outputs)
+        self._in_axes, self._out_axes = layout.inputs, layout.outputs
+        if DYNAMIC_INPUT_NAME in names:
+            self._mbatch_index = names.index(DYNAMIC_INPUT_NAME)
+            self._read_gears(data_slots)
+        self._batch = self._compiled_batch(data_slots)
+        self.max_batch_size = self._batch
         if self._batching and self._model.max_batch_size > self._batch:
             log.warning(
                 "acl_max_batch_size_above_model",
@@ -249,7 +257,7 @@ class AclSession(Session):
                 model_batch=self._batch,
             )
 
-    def _read_gears(self) -> None:
+    def _read_gears(self, data_slots: Sequence[Slot]) -> None:
         mdl = self._acl.mdl
         batch = self._value(mdl.get_dynamic_batch(self._desc), "mdl.get_dynamic_batch")
         self._batch_gears = tuple(sorted(int(b) for b in batch.get("batch", ())))
@@ -257,22 +265,64 @@ class AclSession(Session):
             hw = self._value(mdl.get_dynamic_hw(self._desc, -1), "mdl.get_dynamic_hw")
             self._hw_gears = tuple(sorted((int(h), int(w)) for h, w in hw.get("hw", ())))
         if not self._batch_gears and not self._hw_gears:
+            self._dims_gears = self._read_dims_gears(data_slots)
+        if not self._batch_gears and not self._hw_gears and not self._dims_gears:
             raise BackendError(
-                f"{self._model.name}: the model has {DYNAMIC_INPUT_NAME} but neither batch nor "
-                "image-size gears (dynamic dims / AIPP models are not supported)",
+                f"{self._model.name}: the model has {DYNAMIC_INPUT_NAME} but neither batch, "
+                "image-size nor dims gears (AIPP models are not supported)",
                 name="ACL_UNSUPPORTED_MODEL",
             )
+
+    def _read_dims_gears(self, data_slots: Sequence[Slot]) -> tuple[DimsGear, ...]:
+        """The dims gears, each split into the data inputs' shapes."""
+        mdl, what = self._acl.mdl, "mdl.get_input_dynamic_gear_count"
+        count = int(self._value(mdl.get_input_dynamic_gear_count(self._desc, -1), what))
+        if count <= 0:
+            return ()
+        what = f"mdl.get_input_dynamic_dims({count})"
+        raw = self._value(mdl.get_input_dynamic_dims(self._desc, -1, count), what)
+        ranks = [len(s.dims) for s in data_slots]
+        gears = []
+        for entry in raw:
+            dims = [int(d) for d in entry["dims"]][: int(entry.get("dimCount", len(entry["dims"])))]
+            gear = split_dims(dims, ranks, self._in_axes)
+            if gear is None:
+                raise BackendError(
+                    f"{self._model.name}: dims gear {dims} does not give the inputs' ranks "
+                    f"{ranks} with one batch on their batch axes {list(self._in_axes)}",
+                    name="ACL_UNSUPPORTED_MODEL",
+                )
+            gears.append(gear)
+        return tuple(gears)
 
     def _compiled_batch(self, data_slots: Sequence[Slot]) -> int:
         if self._batch_gears:
             return self._batch_gears[-1]
-        dims = next((s.dims for s in data_slots if s.dims), ())
-        if not dims or dims[0] <= 0:
+        if self._dims_gears:
+            return max(g.batch for g in self._dims_gears)
+        batched = [
+            s.dims[a]
+            for s, a in zip(data_slots, self._in_axes, strict=True)
+            if a is not None and a < len(s.dims)
+        ]
+        if not batched or batched[0] <= 0:
+            dims = next((s.dims for s in data_slots if s.dims), ())
             raise BackendError(
                 f"{self._model.name}: cannot tell the batch from input dims {dims}",
                 name="ACL_UNSUPPORTED_MODEL",
             )
-        return dims[0]
+        return batched[0]
+
+    def padded_rows(self, rows: int) -> int:
+        """The rows the model runs for a batch of `rows`: the smallest batch gear (or dims
+        gear's batch) that holds them, else the compiled batch."""
+        if not self._batching:
+            return rows
+        if self._batch_gears:
+            return batch_gear(self._batch_gears, min(rows, self._batch))
+        if self._dims_gears:
+            return min((g.batch for g in self._dims_gears if g.batch >= rows), default=rows)
+        return max(rows, self._batch)
 
     # -- run ------------------------------------------------------------------------------
 
@@ -293,7 +343,8 @@ class AclSession(Session):
             found: list[Carried] = []
             why = "the model does not batch"
             if self._batching:
-                found, why = plan(data, self._out_slots, pairs, self._batch)
+                axes = [(self._in_axes[i] or 0, self._out_axes[o]) for i, o in pairs]
+                found, why = plan(data, self._out_slots, pairs, self._batch, axes)
             if not found:
                 log.info("acl_state_on_host", model=self._model.name, reason=why)
                 return False
@@ -343,14 +394,12 @@ class AclSession(Session):
                 )
             self._call(self._make_current(), "rt.set_context")
             data = [buffer_set.in_slots[i] for i in self._data_index]
-            arrays = [
-                np.ascontiguousarray(a, dtype=s.dtype) for a, s in zip(inputs, data, strict=True)
-            ]
-            self._select_gear(buffer_set, arrays, rows)
-            shapes = self._output_shapes(rows)
+            arrays = [_contiguous(a, s.dtype) for a, s in zip(inputs, data, strict=True)]
+            run = self._select_gear(buffer_set, arrays, rows)
+            shapes = self._output_shapes(rows, run)
             self.last_stages = None
             try:
-                self._enqueue(buffer_set, arrays, rows, shapes, state)
+                self._enqueue(buffer_set, arrays, rows, run, shapes, state)
             except BaseException:
                 self._drain(buffer_set)
                 raise
@@ -375,7 +424,11 @@ class AclSession(Session):
                 if i in launched.on_device:
                     continue
                 assert slot.host is not None  # made at load
-                results.append(slot.host[:count].view(slot.dtype).reshape(shape))
+                out = slot.host[:count].view(slot.dtype).reshape(shape)
+                axis = self._out_axes[i] if self._batching else 0
+                if axis and axis < out.ndim and out.shape[axis] != launched.rows:
+                    out = out[(slice(None),) * axis + (slice(0, launched.rows),)]
+                results.append(out)
             return results
 
     def _check_state(self, state: StateRows, rows: int) -> None:
@@ -412,6 +465,7 @@ class AclSession(Session):
         buffer_set: BufferSet,
         arrays: Sequence[np.ndarray],
         rows: int,
+        run: int,
         shapes: list[tuple[int, ...]],
         state: StateRows | None = None,
     ) -> None:
@@ -426,14 +480,15 @@ class AclSession(Session):
         self._call(rt.record_event(events["start"], stream), "rt.record_event")
         data = [buffer_set.in_slots[i] for i in self._data_index]
         for k, (array, slot) in enumerate(zip(arrays, data, strict=True)):
+            axis = self._in_axes[k] if self._batching else 0
             if k in carried:  # gathered below; the host rows count only for a first step
                 assert state is not None
                 if state.fresh.any():
-                    self._stage(array, slot, rows)
+                    self._stage(array, slot, rows, axis, run)
                 continue
-            self._stage(array, slot, rows)
+            count = self._stage(array, slot, rows, axis, run)
             ret = rt.memcpy_async(
-                slot.ptr, slot.size, slot.host_ptr, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, stream
+                slot.ptr, slot.size, slot.host_ptr, count, ACL_MEMCPY_HOST_TO_DEVICE, stream
             )
             self._call(ret, f"rt.memcpy_async (input {slot.name!r})")
         previous = self._last_executed
@@ -443,7 +498,7 @@ class AclSession(Session):
         if device_state is not None:
             assert state is not None
             for k, c in carried.items():
-                device_state.gather(rt, self._call, c, data[k], state, stream)
+                device_state.gather(rt, self._call, c, data[k], state, stream, run)
         self._call(rt.record_event(events["copied"], stream), "rt.record_event")
         ret = mdl.execute_async(
             self._model_id, buffer_set.in_dataset, buffer_set.out_dataset, stream
@@ -455,7 +510,7 @@ class AclSession(Session):
             assert state is not None
             for c in device_state.carried:
                 device_state.scatter(
-                    rt, self._call, c, buffer_set.out_slots[c.output], state, stream
+                    rt, self._call, c, buffer_set.out_slots[c.output], state, stream, run
                 )
             on_device = device_state.outputs
         self._call(rt.record_event(events["computed"], stream), "rt.record_event")
@@ -475,20 +530,32 @@ class AclSession(Session):
         self._call(rt.record_event(events["done"], stream), "rt.record_event")
         buffer_set.launched = Launched(rows, shapes, counts, on_device)
 
-    def _stage(self, array: np.ndarray, slot: Slot, rows: int) -> None:
-        """Copy one input into the set's host staging (pinned, aligned for memcpy_async)."""
-        if slot.dims and array.shape[:1] != (rows,):
+    def _stage(self, array: np.ndarray, slot: Slot, rows: int, axis: Axis, run: int) -> int:
+        """Copy one input into the set's host staging (pinned, aligned for memcpy_async)
+        in the layout the model runs: `rows` rows on dim `axis` of `run` (a batch axis
+        other than 0 with fewer rows than the gear: laid out at the gear, the rest left as
+        padding; an unbatched input whole). Returns the bytes to copy to the device."""
+        if axis is not None and slot.dims and array.shape[axis : axis + 1] != (rows,):
             raise BackendError(
-                f"{self._model.name}: input {slot.name!r} has {array.shape[:1]} rows, "
-                f"expected {rows}"
+                f"{self._model.name}: input {slot.name!r} has {array.shape[axis : axis + 1]} "
+                f"rows on its batch axis {axis}, expected {rows}"
             )
-        if array.nbytes > slot.size:
+        shape = array.shape
+        if axis and rows != run:
+            shape = with_rows(array.shape, axis, run)
+        nbytes = math.prod(shape) * array.dtype.itemsize
+        if nbytes > slot.size:
             raise BackendError(
-                f"{self._model.name}: input {slot.name!r} of shape {array.shape} "
-                f"({array.nbytes} bytes) does not fit the model's {slot.size}-byte buffer"
+                f"{self._model.name}: input {slot.name!r} of shape {shape} "
+                f"({nbytes} bytes) does not fit the model's {slot.size}-byte buffer"
             )
         assert slot.host is not None  # made at load
-        slot.host[: array.nbytes] = array.reshape(-1).view(np.uint8)
+        if shape is array.shape:
+            slot.host[:nbytes] = array.reshape(-1).view(np.uint8)
+        else:
+            laid = slot.host[:nbytes].view(array.dtype).reshape(shape)
+            laid[(slice(None),) * (axis or 0) + (slice(0, rows),)] = array
+        return nbytes
 
     def _drain(self, buffer_set: BufferSet) -> None:
         """After a failed launch: wait for what was enqueued, so the set can be used again."""
@@ -513,17 +580,23 @@ class AclSession(Session):
             stages[stage] = float(ms) / 1000.0
         return stages
 
-    def _output_shapes(self, rows: int) -> list[tuple[int, ...]]:
-        """Each output's shape for a batch of `rows` at the gear just set."""
+    def _output_shapes(self, rows: int, run: int) -> list[tuple[int, ...]]:
+        """Each output's shape for a batch of `rows` at the gear just set (running `run`
+        rows): `rows` on axis 0, or the gear's whole output where the rows are on another
+        axis (`collect` cuts them)."""
         shapes = []
         for i, slot in enumerate(self._out_slots):
             dims = slot.dims
-            if any(d < 0 for d in dims[1:]):  # dynamic HW: dims follow the gear
+            if self._dims_gears or any(d < 0 for d in dims[1:]):  # dims follow the gear
                 what = "mdl.get_cur_output_dims"
                 dims = tuple(
                     self._value(self._acl.mdl.get_cur_output_dims(self._desc, i), what)["dims"]
                 )
-            batched = bool(dims) and dims[0] in (-1, self._batch)
+            axis = self._out_axes[i] if self._batching else 0
+            if axis and axis < len(dims):
+                shapes.append(with_rows(dims, axis, run))
+                continue
+            batched = bool(dims) and dims[0] in (-1, self._batch, run)
             shapes.append((rows, *dims[1:]) if batched else dims)
         return shapes
 
@@ -537,9 +610,10 @@ class AclSession(Session):
             _note_current(self._acl, self._context)
         return ret
 
-    def _select_gear(self, buffer_set: BufferSet, arrays: Sequence[np.ndarray], rows: int) -> None:
-        """Set the smallest batch gear >= rows, or the (H, W) gear the inputs have, in the
-        set's input dataset."""
+    def _select_gear(self, buffer_set: BufferSet, arrays: Sequence[np.ndarray], rows: int) -> int:
+        """Set the smallest batch gear >= rows, the dims gear of the inputs' shapes with
+        the fewest rows >= rows, or the (H, W) gear the inputs have, in the set's input
+        dataset; the rows the model runs."""
         mdl, index, dataset = self._acl.mdl, self._mbatch_index, buffer_set.in_dataset
         if self._batch_gears:
             gear: object = self._batch_gears[bisect.bisect_left(self._batch_gears, rows)]
@@ -548,7 +622,11 @@ class AclSession(Session):
                 ret = mdl.set_dynamic_batch_size(self._model_id, dataset, index, gear)
                 self._call(ret, f"mdl.set_dynamic_batch_size({gear})")
                 buffer_set.gear = gear
-        elif self._hw_gears:
+            assert isinstance(gear, int)
+            return gear
+        if self._dims_gears:
+            return self._select_dims(buffer_set, arrays, rows)
+        if self._hw_gears:
             data = [self._in_slots[i] for i in self._data_index]
             hw = {
                 (a.shape[2], a.shape[3])
@@ -566,6 +644,28 @@ class AclSession(Session):
             ret = mdl.set_dynamic_hw_size(self._model_id, dataset, index, h, w)
             self._call(ret, f"mdl.set_dynamic_hw_size({h}, {w})")
             buffer_set.gear = gear
+        return self._batch if self._batching else rows
+
+    def _select_dims(self, buffer_set: BufferSet, arrays: Sequence[np.ndarray], rows: int) -> int:
+        """Set the dims gear the batch takes (`acl_gears.pick_dims`); its rows."""
+        shapes = [tuple(int(d) for d in a.shape) for a in arrays]
+        axes = self._in_axes if self._batching else (None,) * len(arrays)
+        gear = pick_dims(self._dims_gears, shapes, axes, rows if self._batching else 1)
+        if gear is None:
+            raise BackendError(
+                f"{self._model.name}: inputs of shapes {shapes} ({rows} rows) fit none of the "
+                f"model's {len(self._dims_gears)} dims gears (e.g. "
+                f"{[list(g.shapes) for g in self._dims_gears[:3]]})",
+                name="ACL_NO_MATCHING_GEAR",
+            )
+        buffer_set.gear = None  # the model's current gear is per model: set it every time
+        values = gear.values
+        dims = {"dimCount": len(values), "dims": values}
+        mdl, dataset = self._acl.mdl, buffer_set.in_dataset
+        ret = mdl.set_input_dynamic_dims(self._model_id, dataset, self._mbatch_index, dims)
+        self._call(ret, f"mdl.set_input_dynamic_dims({values})")
+        buffer_set.gear = gear
+        return gear.batch
 
     # -- close ----------------------------------------------------------------------------
 
@@ -632,6 +732,13 @@ class AclSession(Session):
             attempt(rt.reset_device(self._device), f"rt.reset_device({self._device})")
             self._device_set = False
         return errors
+
+
+def _contiguous(array: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """`array` as C-contiguous `dtype` (a 0-d array stays 0-d, unlike with
+    `np.ascontiguousarray`)."""
+    array = np.asarray(array, dtype=dtype)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 def _leading_dim(array: np.ndarray) -> int:

@@ -8,6 +8,11 @@ takes its state from the host row instead (the initial value, one host-to-device
 run). The state never goes to the host between steps: the carried outputs are not copied
 back.
 
+A carried input whose rows are on another batch axis (silero-vad's `state`, f32[2, B, 128]:
+axis 1) has `outer` blocks of rows (2 there): the slots are laid out as [outer, slots, row]
+and the model's buffer as [outer, gear rows, row], so a run of consecutive slots is one copy
+per block.
+
 `memcpy_async` needs 64-byte aligned addresses, so a carried row must be a multiple of 64
 bytes; a model whose rows are not keeps its state on the host (`plan` says why).
 """
@@ -42,16 +47,19 @@ class Carried:
     input: int
     output: int
     row_bytes: int
+    outer: int = 1  # blocks of rows: the product of the dims before the batch axis
     ptr: int = 0
 
 
-def row_bytes(slot: Slot, batch: int) -> int | None:
-    """Bytes of one row of `slot` (rows on axis 0 at the model's batch), None when its
-    dims do not say (no batch dim, or a dim that follows a gear)."""
+def row_bytes(slot: Slot, batch: int, axis: int = 0) -> tuple[int, int] | None:
+    """(blocks, bytes of one row) of `slot` with its rows on dim `axis` at the model's
+    batch, None when its dims do not say (no batch dim, or a dim that follows a gear)."""
     dims = slot.dims
-    if not dims or dims[0] not in (-1, batch) or any(d <= 0 for d in dims[1:]):
+    if len(dims) <= axis or dims[axis] not in (-1, batch):
         return None
-    return math.prod(dims[1:]) * slot.dtype.itemsize
+    if any(d <= 0 for k, d in enumerate(dims) if k != axis):
+        return None
+    return math.prod(dims[:axis]), math.prod(dims[axis + 1 :]) * slot.dtype.itemsize
 
 
 def plan(
@@ -59,18 +67,22 @@ def plan(
     out_slots: Sequence[Slot],
     pairs: Sequence[tuple[int, int]],
     batch: int,
+    axes: Sequence[tuple[int, int]] = (),
 ) -> tuple[list[Carried], str]:
     """The carried pairs (input position, output index) as device state, or no pairs and
-    why they cannot be."""
+    why they cannot be. `axes`: per pair, the batch axis of the input and of the output
+    (default 0 and 0)."""
     carried = []
-    for i, o in pairs:
+    for k, (i, o) in enumerate(pairs):
         src, dst = in_slots[i], out_slots[o]
-        size = row_bytes(src, batch)
-        if size is None or row_bytes(dst, batch) != size or src.dtype != dst.dtype:
+        in_axis, out_axis = axes[k] if axes else (0, 0)
+        rows = row_bytes(src, batch, in_axis)
+        if rows is None or row_bytes(dst, batch, out_axis) != rows or src.dtype != dst.dtype:
             return [], f"{dst.name!r} -> {src.name!r} are not rows of one shape and dtype"
+        outer, size = rows
         if size % ALIGN:
             return [], f"a row of {src.name!r} is {size} bytes, not a multiple of {ALIGN}"
-        carried.append(Carried(i, o, size))
+        carried.append(Carried(i, o, size, outer))
     return carried, ""
 
 
@@ -101,55 +113,70 @@ class DeviceState:
     def allocate(self, acl: Any, model: str) -> None:
         """One device allocation per carried input, `slots` rows each."""
         for c in self.carried:
-            size = self.slots * c.row_bytes
+            size = c.outer * self.slots * c.row_bytes
             ptr, ret = acl.rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST)
             check(acl, ret, f"{model}: rt.malloc({size}) for the state of input {c.input}")
             c.ptr = ptr
 
     def gather(
-        self, rt: Any, call: Call, c: Carried, slot: Slot, rows: StateRows, stream: int
+        self,
+        rt: Any,
+        call: Call,
+        c: Carried,
+        slot: Slot,
+        rows: StateRows,
+        stream: int,
+        run: int,
     ) -> None:
-        """Fill input `slot` (device) with the batch rows' state: from the device slots,
-        or, for a first step, from the host staging (where the host row was put)."""
+        """Fill input `slot` (device, `run` rows per block) with the batch rows' state:
+        from the device slots, or, for a first step, from the host staging (where the host
+        row was put, in the same layout)."""
         n = len(rows.read)
         size = c.row_bytes
         assert slot.host_ptr  # data inputs have staging
         src = np.where(rows.fresh, np.arange(n), rows.read)
         for row, first, count in runs(src, rows.fresh):
             nbytes = count * size
-            dst = slot.ptr + row * size
-            if rows.fresh[row]:
-                ret = rt.memcpy_async(
-                    dst,
-                    nbytes,
-                    slot.host_ptr + row * size,
-                    nbytes,
-                    ACL_MEMCPY_HOST_TO_DEVICE,
-                    stream,
-                )
-                call(ret, f"rt.memcpy_async (initial state of {slot.name!r})")
-            else:
-                ret = rt.memcpy_async(
-                    dst, nbytes, c.ptr + first * size, nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE, stream
-                )
-                call(ret, f"rt.memcpy_async (state of {slot.name!r})")
+            for block in range(c.outer):
+                at = (block * run + row) * size
+                dst = slot.ptr + at
+                if rows.fresh[row]:
+                    ret = rt.memcpy_async(
+                        dst, nbytes, slot.host_ptr + at, nbytes, ACL_MEMCPY_HOST_TO_DEVICE, stream
+                    )
+                    call(ret, f"rt.memcpy_async (initial state of {slot.name!r})")
+                else:
+                    held = c.ptr + (block * self.slots + first) * size
+                    ret = rt.memcpy_async(
+                        dst, nbytes, held, nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE, stream
+                    )
+                    call(ret, f"rt.memcpy_async (state of {slot.name!r})")
 
     def scatter(
-        self, rt: Any, call: Call, c: Carried, slot: Slot, rows: StateRows, stream: int
+        self,
+        rt: Any,
+        call: Call,
+        c: Carried,
+        slot: Slot,
+        rows: StateRows,
+        stream: int,
+        run: int,
     ) -> None:
-        """Copy carried output `slot` (device) of the batch's rows into their slots."""
+        """Copy carried output `slot` (device, `run` rows per block) of the batch's rows
+        into their slots."""
         size = c.row_bytes
         for row, first, count in runs(rows.write):
             nbytes = count * size
-            ret = rt.memcpy_async(
-                c.ptr + first * size,
-                nbytes,
-                slot.ptr + row * size,
-                nbytes,
-                ACL_MEMCPY_DEVICE_TO_DEVICE,
-                stream,
-            )
-            call(ret, f"rt.memcpy_async (state from {slot.name!r})")
+            for block in range(c.outer):
+                ret = rt.memcpy_async(
+                    c.ptr + (block * self.slots + first) * size,
+                    nbytes,
+                    slot.ptr + (block * run + row) * size,
+                    nbytes,
+                    ACL_MEMCPY_DEVICE_TO_DEVICE,
+                    stream,
+                )
+                call(ret, f"rt.memcpy_async (state from {slot.name!r})")
 
     def release(self, acl: Any, attempt: Call) -> None:
         for c in self.carried:

@@ -290,7 +290,7 @@ class ModelWorker:
                     feed = self._buffers.zeros(stream, key)
                     if warm and not (probed and key == keys[0] and stream == 0):
                         self.session.run(feed, self.model.batch_rows)
-            if item.device_state and self.pool is not None and not self._moved_outputs:
+            if item.device_state and self.pool is not None:
                 self.state_on_device = self._open_state()
         except Exception as e:
             self._init_error = _startup_error(e)
@@ -317,10 +317,9 @@ class ModelWorker:
         if on_device:  # `collect` returns only the outputs that are not carried
             outs = {out for out, _ in carried}
             kept = [i for i in range(len(self.session.outputs)) if i not in outs]
-            self._returned = (
-                tuple(self.session.outputs[i] for i in kept),
-                tuple(self._layout.outputs[i] for i in kept),
-            )
+            axes = tuple(self._layout.outputs[i] for i in kept)
+            self._returned = (tuple(self.session.outputs[i] for i in kept), axes)
+            self._moved_outputs = tuple((k, a) for k, a in enumerate(axes) if a != 0)
         return on_device
 
     # -- one batch ------------------------------------------------------------------------

@@ -21,12 +21,15 @@ Runtime on the CPU (1 thread) on the stream's own thread. How it is "compiled" (
   `mdl.get_input_dynamic_dims` (each gear as every input's shape, concatenated) and
   `mdl.set_input_dynamic_dims` select them.
 - from a recipe: `FakeAcl.for_recipe(recipe)` (`fake_acl._recipe`): batch gears from
-  `max_batch_size`, dims gears from `shapes: buckets`.
+  `max_batch_size`, dims gears from `shapes: buckets` or for rows off axis 0; `shapes=`,
+  `batches=` and `probe=` give what the recipe does not.
+Output dims are found by running each gear once at load on zeros (or the `probe` values of
+`CompileOptions`, for a model that branches on an input); a failing run is 100003.
 - dynamic image size: `FakeAcl(dynamic_hw={path: [(h, w), ...]})` for NCHW inputs whose H/W
   are dynamic in the ONNX file; batch as for static models; dims report -1 for H and W;
   `ascend_mbatch_shape_data` has dims [2]; `mdl.set_dynamic_hw_size` selects the gear and
   `mdl.get_cur_output_dims` reports the gear's output dims.
-Output dims come from one probe run per gear at load. Output names read
+Output names read
 "<name>_node:0:<name>", ATC's "op:edge:name" form for ONNX outputs. A path key matches the
 path given to `load_from_file` after `os.path.realpath`.
 
@@ -270,15 +273,26 @@ class FakeAcl(Namespace):
         weakref.finalize(self, _stop_streams, state.streams)  # leaked streams' threads
 
     @classmethod
-    def for_recipe(cls, recipe: Recipe, **options: Any) -> FakeAcl:
+    def for_recipe(
+        cls,
+        recipe: Recipe,
+        *,
+        shapes: Mapping[str, Sequence[Any]] | None = None,
+        batches: Mapping[str, Sequence[int]] | None = None,
+        probe: Mapping[str, Mapping[str, float]] | None = None,
+        **options: Any,
+    ) -> FakeAcl:
         """A fake whose models are "compiled" from `recipe` as ATC would compile them for it
         (`fake_acl._recipe`): batch gears 1, 2, 4, ... up to each model's `max_batch_size`
-        (static batch 1 without batching); a model with `shapes: {strategy: buckets}` gets
-        dims gears instead, one per batch gear and bucket. `options` go to `FakeAcl()`."""
+        (static batch 1 without batching); a model with `shapes: {strategy: buckets}`, or
+        with rows off axis 0, gets dims gears instead, one per batch gear and bucket.
+        `shapes` / `batches` (by model name) give what the recipe leaves open: the item
+        shapes of the gears, the batch gears; `probe` the input values the fake finds the
+        output dims with (default zeros). `options` go to `FakeAcl()`."""
         from inferchain.testing.fake_acl._recipe import compile_options
 
         fake = cls(**options)
-        for path, compiled in compile_options(recipe).items():
+        for path, compiled in compile_options(recipe, shapes, batches, probe).items():
             fake._options[_key(path)] = compiled
         return fake
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,13 @@ def _dims_gears(values: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
     return tuple(dict.fromkeys(tuple(int(v) for v in g) for g in values))
 
 
+def _probe(
+    values: Mapping[str, float] | Sequence[tuple[str, float]],
+) -> tuple[tuple[str, float], ...]:
+    items = values.items() if isinstance(values, Mapping) else values
+    return tuple(sorted((str(k), float(v)) for k, v in items))
+
+
 @attrs.frozen
 class CompileOptions:
     """How ATC "compiled" a model (see the FakeAcl docstring)."""
@@ -61,6 +68,9 @@ class CompileOptions:
     dynamic_batch: tuple[int, ...] = attrs.field(default=(), converter=_gears)
     dynamic_hw: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_hw_gears)
     dynamic_dims: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_dims_gears)
+    # the value each named input holds in the runs that find the output dims (default 0):
+    # a model that branches on an input (silero-vad's sampling rate) fails on zeros
+    probe: tuple[tuple[str, float], ...] = attrs.field(default=(), converter=_probe)
 
 
 @attrs.frozen
@@ -120,6 +130,7 @@ class CompiledModel:
     ) -> None:
         self._session = session
         self.where = where
+        self._probe_values = dict(options.probe)
         kinds = [options.dynamic_batch, options.dynamic_hw, options.dynamic_dims]
         if sum(1 for k in kinds if k) > 1:
             raise Fail(INVALID_FILE, f"{where}: batch, HW and dims gears are exclusive")
@@ -229,7 +240,14 @@ class CompiledModel:
     def _describe_outputs(self) -> list[IOSpec]:
         """Output specs from a probe run per gear (zeros in); dims that vary become -1."""
         gears = self.gears()
-        shapes = {g: [o.shape for o in self._infer(self._zeros(g))] for g in gears}
+        try:
+            shapes = {g: [o.shape for o in self._infer(self._zeros(g))] for g in gears}
+        except Exception as e:  # onnxruntime's own error types
+            raise Fail(
+                INVALID_FILE,
+                f"{self.where}: the run that finds the output dims failed on inputs of "
+                f"{self._probe_values or 'zeros'} (give input values with `probe`): {e}",
+            ) from None
         self._shapes.update(shapes)
         specs = []
         for i, arg in enumerate(self._session.get_outputs()):
@@ -248,7 +266,8 @@ class CompiledModel:
         return self._shapes[gear]
 
     def _zeros(self, gear: Gear) -> list[np.ndarray]:
-        return [np.zeros(s.shape(gear), s.dtype) for s in self._data_inputs]
+        values = self._probe_values
+        return [np.full(s.shape(gear), values.get(s.name, 0), s.dtype) for s in self._data_inputs]
 
     # -- running --------------------------------------------------------------------------
 
