@@ -337,6 +337,7 @@ class Recipe(_Schema):
         "models": list,
         "pipeline": (str, None),
         "host_workers": (int, None),
+        "host_processes": (int, None),
         "inputs": (str, None),
         "extra": (str, None),
         "params": dict,
@@ -353,6 +354,9 @@ class Recipe(_Schema):
     # the default; 0: the caller's thread)
     host_workers: int | None = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.ge(0)))  # fmt: skip
+    # processes for host code that holds the GIL (`Pipeline.in_process`); None: the cores
+    host_processes: int | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.ge(1)))  # fmt: skip
     inputs: str | None = None  # default inputs for `inferchain run`, relative to the folder
     # the inferchain extra that installs what the recipe needs (its models' packages, its
     # pipeline's imports): named with its pins when something is missing

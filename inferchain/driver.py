@@ -8,8 +8,9 @@ prepared, and the engine sees full batches. Results come out in input order.
 
 Ownership: the caller's thread (the one iterating `run()`) owns every structure here; a host
 thread runs one step of one item's generator and posts what it did (`_Posted`) to the
-caller's queue; a request's done-listener counts the item's requests down and posts it ready
-when the last one ends. An item's generator runs on one thread at a time, never two. With
+caller's queue; a request's done-listener (or a future's done-callback: host work a step
+handed to the host processes, `Pipeline.in_process`) counts the item's waits down and posts
+it ready when the last one ends. An item's generator runs on one thread at a time, never two. With
 `host_workers=0` the host steps run on the caller's thread, one at a time, as before.
 """
 
@@ -20,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -250,17 +251,17 @@ class PipelineDriver:
 
     def _resume(self, task: _Task) -> _Posted:
         step = task.step
-        errors = [r.error for r in _requests(step) if r.outputs is None]
+        errors = [e for e in map(_error, _requests(step)) if e is not None]
         gen = task.gen
         assert gen is not None
         if errors:
             error = errors[0]
-            assert error is not None
             return self._advance(task, lambda: gen.throw(error))
-        if isinstance(step, Request):
-            outputs = step.outputs
-            return self._advance(task, lambda: gen.send(outputs))
-        return self._advance(task, lambda: gen.send([r.outputs for r in step]))
+        if isinstance(step, list):
+            values = [_value(r) for r in step]
+            return self._advance(task, lambda: gen.send(values))
+        value = _value(step)
+        return self._advance(task, lambda: gen.send(value))
 
     def _advance(self, task: _Task, step: Callable[[], Step]) -> _Posted:
         try:
@@ -273,7 +274,10 @@ class PipelineDriver:
         task.step = yielded
         task.remaining = len(requests) + 1  # + 1: this thread's own hold, let go below
         for r in requests:
-            r.add_done_listener(lambda _r: self._count_down(task))
+            if isinstance(r, Request):
+                r.add_done_listener(lambda _r: self._count_down(task))
+            else:  # a Future: host work in a process (`Pipeline.in_process`)
+                r.add_done_callback(lambda _f: self._count_down(task))
         self._count_down(task)
         return _Posted(task, False)
 
@@ -302,5 +306,18 @@ def idle_flush(oi: OfflineInference) -> Callable[[bool, bool], None]:
     return on_idle
 
 
-def _requests(step: Step) -> list[Request]:
-    return [step] if isinstance(step, Request) else list(step)
+def _requests(step: Step) -> list[Request | Future[Any]]:
+    """What a step waits for: requests, and futures of host work in processes."""
+    return list(step) if isinstance(step, list) else [step]
+
+
+def _error(waited: Request | Future[Any]) -> BaseException | None:
+    if isinstance(waited, Request):
+        return waited.error if waited.outputs is None else None
+    if waited.cancelled():
+        return CancelledError("the host work was cancelled")
+    return waited.exception()
+
+
+def _value(waited: Request | Future[Any]) -> Any:
+    return waited.outputs if isinstance(waited, Request) else waited.result()

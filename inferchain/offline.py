@@ -26,6 +26,7 @@ from inferchain.core.scheduler import Scheduler
 from inferchain.core.work import Work
 from inferchain.driver import PipelineDriver, idle_flush
 from inferchain.errors import Closed, ConfigError, InvalidInput
+from inferchain.host_processes import HostProcesses
 from inferchain.inputs import Item, rows_shared_values, runs, stack
 from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
@@ -70,6 +71,8 @@ class OfflineInference:
         self._runners: dict[tuple[str, int], SequenceRunner] = {}  # by (model, stepper)
         self._pipeline: Pipeline | None = None
         self._idle_flush = idle_flush(self)  # what map() calls before it blocks
+        # processes for a pipeline's GIL-bound host code, started on first use
+        self.host_processes = HostProcesses(self.recipe.source, self.recipe.host_processes)
         self.metrics = Metrics(m.name for m in self.recipe.models)
 
     # -- life cycle -----------------------------------------------------------------------
@@ -145,6 +148,7 @@ class OfflineInference:
             engine.close()
         for runner in self._runners.values():  # sequences still waiting for a step
             runner.abort(Closed("the OfflineInference was closed before the sequence ended"))
+        self.host_processes.close()
         if self._backend is not None:
             self._backend.close()
         self._phase = "closed"

@@ -19,7 +19,8 @@ import hashlib
 import importlib
 import os
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from concurrent.futures import Future
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from inferchain.config import Recipe
     from inferchain.offline import OfflineInference
 
-Step = Request | list[Request]
+Step = Request | Future[Any] | list[Request | Future[Any]]  # what `process` may yield
 Process = Generator[Step, Any, Any]
 
 
@@ -71,6 +72,12 @@ class Pipeline:
     def submit(self, model: str, inputs: Any, **options: Any) -> Request:
         """Shorthand for `self.oi.submit`."""
         return self.oi.submit(model, inputs, **options)
+
+    def in_process(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run `fn(*args)` in one of the OfflineInference's host processes, for host code
+        that holds the GIL; yield the Future to receive the result (or its error raised at
+        the yield). `fn` and `args` must pickle: a module-level function, plain values."""
+        return self.oi.host_processes.submit(fn, *args)
 
     def process(self, item: Any) -> Process | Any:
         """One item's work: yield requests, receive outputs, return the result."""
