@@ -402,9 +402,11 @@ class OfflineInference:
 
         Yields each item's outputs in input order (or by finished work with `ordered=False`).
         An item's error is raised at its turn (what is still in flight is then cancelled),
-        or with `on_error="return"` yielded in place of its outputs.
+        or with `on_error="return"` yielded in place of its outputs: an item that fails its
+        input check too (its `InvalidInput`), and the items after it go on
         """
-        for work in self._stream(model, inputs, ordered, max_in_flight, priority):
+        stream = self._stream(model, inputs, ordered, max_in_flight, priority, on_error=on_error)
+        for work in stream:
             for result in work.items():
                 if isinstance(result, BaseException) and on_error == "raise":
                     raise result
@@ -426,10 +428,14 @@ class OfflineInference:
         `inputs` is best an array whose rows are the items (a one-input model), or any
         iterable of items. Each yielded mapping covers consecutive rows (at most
         `batch_size`, default the model's max batch); with `on_error="return"` a failed
-        range yields its error instead.
+        range yields its error instead (an item that fails its input check: its
+        `InvalidInput`, as a range of its own, and the rows after it go on).
         """
         size = batch_size or self.recipe.model(model).batch_rows
-        for work in self._stream(model, inputs, True, max_in_flight, priority, chunk=size):
+        stream = self._stream(
+            model, inputs, True, max_in_flight, priority, chunk=size, on_error=on_error
+        )
+        for work in stream:
             for _, _, value in work.arrays():
                 if isinstance(value, BaseException) and on_error == "raise":
                     raise value
@@ -443,7 +449,10 @@ class OfflineInference:
         max_in_flight: int | None,
         priority: int | None,
         chunk: int | None = None,
+        on_error: OnError = "raise",
     ) -> Iterator[Work]:
+        """Works for `inputs` in a bounded window; with `on_error="return"` an item that
+        fails its input check becomes a settled Work of its error, in its place."""
         engine = self._running_engine()
         config = self.recipe.model(model)
         limit = max_in_flight or 2 * config.num_slots
@@ -454,9 +463,17 @@ class OfflineInference:
         def submit(
             items: Sequence[Any] | np.ndarray, notify: Callable[[Work], None] | None
         ) -> list[Work]:
-            works = self._works(model, items, priority=priority, listener=notify)
+            try:
+                works = self._works(model, items, priority=priority, listener=notify)
+            except InvalidInput:
+                if on_error == "raise":
+                    raise
+                works = self._works_apart(model, items, priority, notify)
             for w in works:
-                engine.run_or_submit(w, short_only=True)
+                if not w.done:
+                    engine.run_or_submit(w, short_only=True)
+                elif notify is not None:
+                    notify(w)
             return works
 
         return in_flight(submit, inputs, limit=max(limit, size), chunk=size, ordered=ordered)
@@ -575,6 +592,41 @@ class OfflineInference:
                     for i in range(rows)
                 )
             works.append(work)
+        return works
+
+    def _works_apart(
+        self,
+        model: str,
+        items: Sequence[Any] | np.ndarray,
+        priority: int | None,
+        listener: Callable[[Work], None] | None,
+    ) -> list[Work]:
+        """`_works` for a chunk where some item fails its input check: the runs of good
+        items as Works, each failed item (or a whole array of rows) as a rejected Work."""
+        names = self._model(model).output_names
+
+        def rejected(error: InvalidInput, rows: int) -> Work:
+            return Work.rejected(self._take_ids(1), model, error, rows, names)
+
+        if isinstance(items, np.ndarray) and self._model(model).spec.takes_rows:
+            try:
+                return self._works(model, items, priority=priority, listener=listener)
+            except InvalidInput as e:  # the rows are checked as one array
+                return [rejected(e, len(items))]
+        works: list[Work] = []
+        good: list[Any] = []
+        for item in items:
+            try:
+                self._works(model, (item,))  # the check alone: nothing is submitted
+            except InvalidInput as e:
+                if good:
+                    works += self._works(model, good, priority=priority, listener=listener)
+                    good = []
+                works.append(rejected(e, 1))
+            else:
+                good.append(item)
+        if good:
+            works += self._works(model, good, priority=priority, listener=listener)
         return works
 
     def _check_room(self, loaded: LoadedModel, groups: Sequence[Item]) -> None:

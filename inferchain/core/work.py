@@ -122,6 +122,19 @@ class Work:
         self.listener = listener  # called once settled, on the engine's thread; must not block
         self._done: threading.Lock | None = None  # held until settled; see wait()
 
+    @classmethod
+    def rejected(
+        cls, id: int, model: str, error: BaseException, rows: int, names: tuple[str, ...]
+    ) -> Work:
+        """`rows` items that failed their input check: settled at once, `error` in every
+        row (`oi.map(..., on_error="return")` yields it in their place)."""
+        work = cls(id, model, (), shape_key=(), exact=(), names=names, submitted=0.0)
+        work.rows = rows
+        work.taken = work.settled = rows
+        work.pieces = [(0, rows, error)]
+        work.state = RequestState.ERROR
+        return work
+
     def __repr__(self) -> str:
         return f"<Work {self.id} {self.model} rows={self.rows} {self.state.name}>"
 
