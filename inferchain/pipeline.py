@@ -18,6 +18,8 @@ import hashlib
 import importlib
 import queue
 import sys
+import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -26,11 +28,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from inferchain.core.request import Outputs, Request
-from inferchain.errors import ConfigError
+from inferchain.errors import ConfigError, RequestTimeout
+from inferchain.logs import get_logger
 
 if TYPE_CHECKING:
     from inferchain.config import Recipe
     from inferchain.offline import OfflineInference
+
+log = get_logger(__name__)
 
 Step = Request | list[Request]
 Process = Generator[Step, Any, Any]
@@ -149,13 +154,14 @@ def _import_recipe_module(root: Path, stem: str) -> ModuleType:
 class _Task:
     """One item in flight: its generator and what it waits for."""
 
-    __slots__ = ("gen", "index", "remaining", "step")
+    __slots__ = ("ended", "gen", "index", "remaining", "step")
 
     def __init__(self, index: int, gen: Process) -> None:
         self.index = index
         self.gen = gen
         self.step: Step = []
         self.remaining = 0
+        self.ended = False  # finished, failed or timed out: later events for it are stale
 
 
 class PipelineDriver:
@@ -169,16 +175,25 @@ class PipelineDriver:
         max_in_flight: int | None = None,
         on_error: Literal["raise", "return"] = "raise",
         on_idle: Callable[[bool, bool], None] | None = None,
+        item_timeout: float | None = None,
     ) -> None:
         """`on_idle(ended, full)` is called each time every item in flight waits for the
         engine, just before the driver blocks: `ended` once the input has ended, `full` while
         `max_in_flight` items are in flight. By default the pipeline's `oi.flush` of the
         partial batches of `batching: fill` models: once the input has ended, or while full
-        if nothing else is left to run (sequence steps leave on their own)."""
+        if nothing else is left to run (sequence steps leave on their own).
+
+        `item_timeout` (seconds): an item not finished that long after it started ends
+        with `RequestTimeout("timed out after S s")` in its place (its requests not yet
+        running are cancelled, its generator closed) and the others go on."""
         if max_in_flight is None:
             max_in_flight = pipeline.max_in_flight
         if max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if item_timeout is not None and not item_timeout > 0:
+            raise ConfigError(f"item_timeout must be > 0 seconds, got {item_timeout}")
+        self._timeout = item_timeout
+        self._deadlines: deque[tuple[float, _Task]] = deque()  # in start order = by deadline
         self._pipeline = pipeline
         self._limit = max_in_flight
         self._on_error = on_error
@@ -214,7 +229,9 @@ class PipelineDriver:
                     if events.empty():
                         full = len(self._active) + len(self._results) >= self._limit
                         self._on_idle(exhausted, full)
-                    self._resume(events.get())
+                    task = self._next_event()
+                    if task is not None:
+                        self._resume(task)
         finally:
             for task in self._active.values():
                 for r in _requests(task.step):
@@ -232,7 +249,34 @@ class PipelineDriver:
             return
         task = _Task(index, gen)
         self._active[index] = task
+        if self._timeout is not None:
+            self._deadlines.append((time.monotonic() + self._timeout, task))
         self._advance(task, lambda: gen.send(None))
+
+    def _next_event(self) -> _Task | None:
+        """The next task whose requests are done; None once an item's time is up (it has
+        then ended with its timeout error). Blocks until one or the other."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1].ended:
+            deadlines.popleft()
+        if not deadlines:
+            return self._events.get()
+        due, task = deadlines[0]
+        try:
+            return self._events.get(timeout=max(due - time.monotonic(), 0.0))
+        except queue.Empty:
+            deadlines.popleft()
+            self._time_out(task)
+            return None
+
+    def _time_out(self, task: _Task) -> None:
+        for r in _requests(task.step):
+            r.cancel()  # those not yet running; a running one ends on its own, unheard
+        try:
+            task.gen.close()
+        except Exception as e:  # the item's own clean-up failed: it has timed out anyway
+            log.warning("item_close_failed", index=task.index, error=repr(e))
+        self._finish(task, False, RequestTimeout(f"timed out after {self._timeout:g} s"))
 
     def _advance(self, task: _Task, step: Callable[[], Step]) -> None:
         try:
@@ -253,6 +297,8 @@ class PipelineDriver:
             r.add_done_listener(lambda _r: events.put(task))
 
     def _resume(self, task: _Task) -> None:
+        if task.ended:
+            return  # its time ran out before this request ended
         task.remaining -= 1
         if task.remaining > 0:
             return
@@ -270,6 +316,7 @@ class PipelineDriver:
             self._advance(task, lambda: gen.send([r.outputs for r in step]))
 
     def _finish(self, task: _Task, ok: bool, value: Any) -> None:
+        task.ended = True
         del self._active[task.index]
         self._results[task.index] = (ok, value)
 

@@ -1,8 +1,9 @@
 """`inferchain run RECIPE`: the recipe's pipeline over its inputs, one line per item.
 
 Every item ends as one line of `results.jsonl`, a result or an error (`file`, `error`);
-one that fails does not stop the others. Exit 0 when every item has a result, 1 when one
-failed, 2 on bad input (no inputs at all, an earlier run's results in the way).
+one that fails (or runs past `--item-timeout`) does not stop the others. Exit 0 when every
+item has a result, 1 when one failed, 2 on bad input (no inputs at all, an earlier run's
+results in the way).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import attrs
 
 from inferchain.cli.options import add_command, positive_int
+from inferchain.cli.tally import Tally, positive_seconds
 from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
@@ -60,6 +62,13 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     earlier.add_argument(
         "--overwrite", action="store_true", help=f"replace an earlier run's {RESULTS}"
     )
+    run.add_argument(
+        "--item-timeout",
+        type=positive_seconds,
+        metavar="S",
+        help="an item not finished S seconds after it started becomes an error line "
+        "('timed out after S s') and the run goes on",
+    )
     run.add_argument("--ray", action="store_true", help="on Ray Data: RAY_ADDRESS or a local Ray")
     run.add_argument(
         "--concurrency", type=positive_int, default=1, help="with --ray: actors (default 1)"
@@ -73,6 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     sources = _sources(recipe, args.input)
     results = ResultsFile(out_dir, mode)
     results.check()  # refuse before loading any model
+    if args.ray and args.item_timeout is not None:
+        raise ConfigError("--item-timeout does not run with --ray (Ray Data bounds its tasks)")
     if args.ray:  # scale-out: the same recipe over a Ray dataset (docs/scale-out.md)
         from inferchain.integrations.ray import run_recipe
 
@@ -83,19 +94,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     with OfflineInference(recipe) as oi:
         files = input_items(input_files(sources, oi.pipeline), oi.pipeline)
         with results:
-            todo = [f for f in files if f.key not in results.done][: args.limit]
+            left = [f for f in files if f.key not in results.done]
+            todo = left[: args.limit]
+            tally = Tally(before=len(files) - len(left), beyond=len(left) - len(todo))
             started = time.perf_counter()
-            with Progress(len(todo), "run", summary=False) as progress:  # a bar on a TTY only
-                failed = run_files(oi, todo, results, out_dir, progress)
+            total = tally.before + len(todo)
+            # a bar on a TTY only; the inputs done before count as done
+            with Progress(total, "run", summary=False, done=tally.before) as progress:
+                run_files(oi, todo, results, out_dir, progress, tally, args.item_timeout)
             seconds = time.perf_counter() - started
-    rate = len(todo) / seconds if seconds else 0.0
-    skipped = len(files) - len(todo)
-    left_out = f"{skipped} skipped (done before or beyond --limit), " if skipped else ""
-    print(
-        f"{len(todo)} items, {failed} failed, {left_out}{seconds:.2f}s ({rate:.1f} items/s); "
-        f"results in {results.path}"
-    )
-    return 1 if failed else 0
+    print(tally.line(seconds, str(results.path)))
+    return 1 if tally.num_failed else 0
 
 
 def _sources(recipe: Recipe, given: Sequence[Path] | None) -> list[Path]:
@@ -179,22 +188,23 @@ def run_files(
     results: ResultsFile,
     out_dir: Path,
     progress: Progress,
-) -> int:
-    """Every file through the pipeline, each line written as it finishes; how many failed."""
+    tally: Tally,
+    item_timeout: float | None = None,
+) -> None:
+    """Every file through the pipeline, each line written as it finishes, counted."""
     pipeline = oi.pipeline
     reader = FileReader(pipeline)
-    driver = PipelineDriver(reader, on_error="return")
-    failed = 0
+    driver = PipelineDriver(reader, on_error="return", item_timeout=item_timeout)
+    progress.update(0)  # the clock starts now
     for index, (source, result) in enumerate(zip(files, driver.run(enumerate(files)), strict=True)):
         record = _record(pipeline, source, reader.loaded.pop(index, None), result, out_dir)
         results.write(record)
         progress.update()
+        tally.add(record.get("error"))
         if "error" in record:
-            failed += 1
             progress.print(f"{source.name}: ERROR {record['error']}")
         else:
             progress.print(f"{source.name}: {pipeline.summary(result)}")
-    return failed
 
 
 def _record(
