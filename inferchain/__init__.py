@@ -27,6 +27,7 @@ from inferchain.metrics import Stats
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline
 from inferchain.sequence import LiveSequence, Stepper
+from inferchain.shards import read_results, result_arrays
 from inferchain.tensors import ModelInfo, TensorDesc
 
 __version__ = "0.1.0"
@@ -60,4 +61,6 @@ __all__ = [
     "TensorDesc",
     "__version__",
     "load_recipe",
+    "read_results",
+    "result_arrays",
 ]

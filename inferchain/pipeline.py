@@ -55,6 +55,9 @@ class Pipeline:
     #: `inferchain run` reads each line of an input file as one item (`load_line`), e.g. a
     #: list of names; else each file is one item (`load`)
     item_per_line: bool = False
+    #: `inferchain run`'s default `--format`: `jsonl` (one JSON line per item) or `parquet`
+    #: (shards with tensors as typed arrays; see `inferchain.shards`)
+    output_format: str = "jsonl"
 
     def __init__(self, oi: OfflineInference) -> None:
         self.oi = oi
@@ -90,6 +93,16 @@ class Pipeline:
         if isinstance(result, dict):
             return {k: np.asarray(v).tolist() for k, v in result.items()}
         return {"result": np.asarray(result).tolist()}
+
+    def to_row(self, result: Any) -> dict[str, Any]:
+        """One result as named values for a Parquet row: arrays stay arrays (a tensor column
+        where every row's has one shape and dtype), scalars are columns. Default: a model's
+        outputs as they are, or, for a pipeline that defines only `to_record`, its record."""
+        if type(self).to_record is not Pipeline.to_record:
+            return self.to_record(result)
+        if isinstance(result, dict):
+            return {k: np.asarray(v) for k, v in result.items()}
+        return {"result": np.asarray(result)}
 
     def summary(self, result: Any) -> str:
         """One short line describing a result, printed by `inferchain run`."""

@@ -24,6 +24,7 @@ from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineDriver, PipelineWrapper, Process
 from inferchain.results import RESULTS, Mode, ResultsFile, input_key
+from inferchain.shards import ShardedResults
 from inferchain.tools.progress import Progress
 
 DESCRIPTION = (
@@ -63,6 +64,19 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--overwrite", action="store_true", help=f"replace an earlier run's {RESULTS}"
     )
     run.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="jsonl: one JSON line per item; parquet: shards of --rows-per-file rows, "
+        "tensors as typed arrays, errors in errors.jsonl (default: the recipe's, else jsonl)",
+    )
+    run.add_argument(
+        "--rows-per-file",
+        type=positive_int,
+        default=4096,
+        metavar="N",
+        help="with --format parquet: rows per shard (default 4096)",
+    )
+    run.add_argument(
         "--item-timeout",
         type=positive_seconds,
         metavar="S",
@@ -80,11 +94,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     out_dir = Path(args.output or Path("out") / recipe.name)
     mode: Mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
     sources = _sources(recipe, args.input)
-    results = ResultsFile(out_dir, mode)
+    results = results_sink(out_dir, mode, args.format, args.rows_per_file)
     results.check()  # refuse before loading any model
     if args.ray and args.item_timeout is not None:
         raise ConfigError("--item-timeout does not run with --ray (Ray Data bounds its tasks)")
     if args.ray:  # scale-out: the same recipe over a Ray dataset (docs/scale-out.md)
+        if not isinstance(results, ResultsFile):
+            raise ConfigError("--format parquet does not run with --ray: it writes results.jsonl")
         from inferchain.integrations.ray import run_recipe
 
         level = getattr(args, "log_level", None)
@@ -92,6 +108,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             recipe, sources, out_dir, args.concurrency, args.limit, level, results=results
         )
     with OfflineInference(recipe) as oi:
+        if args.format is None and oi.pipeline.output_format != "jsonl":  # the recipe's own
+            results = results_sink(out_dir, mode, oi.pipeline.output_format, args.rows_per_file)
+            results.check()
         files = input_items(input_files(sources, oi.pipeline), oi.pipeline)
         with results:
             left = [f for f in files if f.key not in results.done]
@@ -105,6 +124,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             seconds = time.perf_counter() - started
     print(tally.line(seconds, str(results.path)))
     return 1 if tally.num_failed else 0
+
+
+FORMATS = ("jsonl", "parquet")
+Results = ResultsFile | ShardedResults
+
+
+def results_sink(folder: Path, mode: Mode, form: str | None, rows_per_file: int) -> Results:
+    """Where `run` writes: `results.jsonl`, or Parquet shards (`--format parquet`)."""
+    if form in (None, "jsonl"):
+        return ResultsFile(folder, mode)
+    if form != "parquet":
+        raise ConfigError(f"output_format must be one of {', '.join(FORMATS)}, got {form!r}")
+    return ShardedResults(folder, mode, rows_per_file)
 
 
 def _sources(recipe: Recipe, given: Sequence[Path] | None) -> list[Path]:
@@ -185,7 +217,7 @@ class FileReader(PipelineWrapper):
 def run_files(
     oi: OfflineInference,
     files: Sequence[Item],
-    results: ResultsFile,
+    results: Results,
     out_dir: Path,
     progress: Progress,
     tally: Tally,
@@ -197,7 +229,11 @@ def run_files(
     driver = PipelineDriver(reader, on_error="return", item_timeout=item_timeout)
     progress.update(0)  # the clock starts now
     for index, (source, result) in enumerate(zip(files, driver.run(enumerate(files)), strict=True)):
-        record = _record(pipeline, source, reader.loaded.pop(index, None), result, out_dir)
+        loaded = reader.loaded.pop(index, None)
+        if isinstance(results, ShardedResults):
+            record = _row(pipeline, source, loaded, result, out_dir)
+        else:
+            record = _record(pipeline, source, loaded, result, out_dir)
         results.write(record)
         progress.update()
         tally.add(record.get("error"))
@@ -207,13 +243,32 @@ def run_files(
             progress.print(f"{source.name}: {pipeline.summary(result)}")
 
 
+def _where(source: Item) -> dict[str, Any]:
+    where: dict[str, Any] = {"file": str(source.file)}
+    if source.line is not None:
+        where |= {"line": source.line, "text": source.text}
+    return where
+
+
+def _row(pipeline: Pipeline, source: Item, item: Any, result: Any, out_dir: Path) -> dict[str, Any]:
+    """The Parquet row of one item (its input key first, arrays as they are; its
+    artefacts saved), or its error line."""
+    where = {"key": source.key, **_where(source)}
+    if not isinstance(result, Exception):
+        try:
+            row = {**where, **pipeline.to_row(result)}
+            pipeline.save(source.file, item, result, out_dir)
+            return row
+        except Exception as e:
+            result = e
+    return {**where, "error": f"{type(result).__name__}: {result}"}
+
+
 def _record(
     pipeline: Pipeline, source: Item, item: Any, result: Any, out_dir: Path
 ) -> dict[str, Any]:
     """The line of one item: its result (and its artefacts saved), or the error."""
-    where: dict[str, Any] = {"file": str(source.file)}
-    if source.line is not None:
-        where |= {"line": source.line, "text": source.text}
+    where = _where(source)
     if not isinstance(result, Exception):
         try:
             record = {**where, **pipeline.to_record(result)}
