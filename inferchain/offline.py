@@ -16,6 +16,7 @@ from typing import Any, Literal, Self, overload
 
 import numpy as np
 
+from inferchain.anchors import current_run
 from inferchain.backends.base import Backend
 from inferchain.backends.factory import make_backend
 from inferchain.config import ModelConfig, Recipe, load_recipe
@@ -544,6 +545,7 @@ class OfflineInference:
         deadline = None if timeout is None else now + timeout
         names = loaded.output_names
         engine = self._running_engine()
+        run = current_run.get() if config.batching == "fill" else None
         works = []
         for inputs in groups:
             batched = spec.batching
@@ -554,6 +556,8 @@ class OfflineInference:
                 key, joins = loaded.shapes.keys(exact, rows_shared_values(inputs, spec.shared))
             else:
                 key = joins = exact
+            if run is not None:
+                joins = (run, joins)  # anchored: two runs never share a batch
             rows = len(inputs[0]) if batched else 1
             first = self._take_ids(rows if per_item else 1)
             work = Work(
@@ -571,6 +575,7 @@ class OfflineInference:
                 depends_on=depends_on,
                 on_cancel=engine.cancelled,
                 listener=listener,
+                run=run,
             )
             if per_item:  # each row's inputs are views made only when asked for
                 lock = work.lock

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from inferchain.anchors import current_run, new_driver
 from inferchain.core.request import Outputs, Request
 from inferchain.errors import ConfigError, RequestTimeout
 from inferchain.logs import get_logger
@@ -63,6 +64,19 @@ class Pipeline:
         self.oi = oi
         self.recipe: Recipe = oi.recipe
         self.params: dict[str, Any] = dict(oi.recipe.params)
+
+    @property
+    def anchor(self) -> int | None:
+        """Items run in anchored runs of this many input positions, or None: a batch of a
+        `batching: fill` model (whose rows' outputs may depend on what shares their batch,
+        e.g. padding to the longest) is cut at every multiple of it, so its rows are a
+        function of the input positions, not of timing or of what a resumed run has left;
+        `inferchain run --resume` reruns the whole runs it needs (writing only the missing
+        items). Default: the largest batch of the recipe's `batching: fill` models, each
+        item's first step going to that model; override where a pipeline's items map to
+        its batches otherwise."""
+        fill = [m.batch_rows for m in self.recipe.models if m.batching == "fill"]
+        return max(fill) if fill else None
 
     def submit(self, model: str, inputs: Any, **options: Any) -> Request:
         """Shorthand for `self.oi.submit`."""
@@ -179,7 +193,9 @@ class _Task:
 
 class PipelineDriver:
     """Runs `pipeline.process` over many items with at most `max_in_flight` at once (by
-    default the pipeline's own `max_in_flight`)."""
+    default the pipeline's own `max_in_flight`); the batches of `batching: fill` models are
+    cut at every multiple of the pipeline's `anchor` item positions (where `max_in_flight`
+    holds a whole run of them; else they leave when no more items can start)."""
 
     def __init__(
         self,
@@ -210,7 +226,14 @@ class PipelineDriver:
         self._pipeline = pipeline
         self._limit = max_in_flight
         self._on_error = on_error
-        self._on_idle = on_idle if on_idle is not None else _flush(pipeline.oi)
+        anchor = pipeline.anchor
+        if anchor is not None and max_in_flight < anchor:
+            # a run of positions never fits: batches leave when no more items can start
+            log.info("not_anchored", anchor=anchor, max_in_flight=max_in_flight)
+            anchor = None
+        self._anchor = anchor
+        self._driver = new_driver()
+        self._on_idle = on_idle if on_idle is not None else _flush(pipeline.oi, anchor)
         self._events: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         self._results: dict[int, tuple[bool, Any]] = {}  # index -> (ok, result or error)
         self._active: dict[int, _Task] = {}
@@ -266,6 +289,17 @@ class PipelineDriver:
             self._deadlines.append((time.monotonic() + self._timeout, task))
         self._advance(task, lambda: gen.send(None))
 
+    def _advance(self, task: _Task, step: Callable[[], Step]) -> None:
+        """`_step` with the task's anchored run current (`inferchain.anchors`)."""
+        if self._anchor is None:
+            self._step(task, step)
+            return
+        token = current_run.set((self._driver, task.index // self._anchor))
+        try:
+            self._step(task, step)
+        finally:
+            current_run.reset(token)
+
     def _next_event(self) -> _Task | None:
         """The next task whose requests are done; None once an item's time is up (it has
         then ended with its timeout error). Blocks until one or the other."""
@@ -291,7 +325,7 @@ class PipelineDriver:
             log.warning("item_close_failed", index=task.index, error=repr(e))
         self._finish(task, False, RequestTimeout(f"timed out after {self._timeout:g} s"))
 
-    def _advance(self, task: _Task, step: Callable[[], Step]) -> None:
+    def _step(self, task: _Task, step: Callable[[], Step]) -> None:
         try:
             yielded = step()
         except StopIteration as stop:
@@ -334,12 +368,14 @@ class PipelineDriver:
         self._results[task.index] = (ok, value)
 
 
-def _flush(oi: OfflineInference) -> Callable[[bool, bool], None]:
+def _flush(oi: OfflineInference, anchor: int | None) -> Callable[[bool, bool], None]:
     if not any(m.batching == "fill" for m in oi.recipe.models):
         return lambda ended, full: None  # no partial batches that wait for a flush
 
     def on_idle(ended: bool, full: bool) -> None:
-        if ended or full:
+        # anchored: a partial batch leaves at its run's end (`run`) or the input's, never
+        # because of timing; every earlier batch has left, so the window frees on its own
+        if ended or (full and anchor is None):
             oi.flush(steps=False, batches=True if ended else "if_stalled")
 
     return on_idle

@@ -118,9 +118,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             tally = Tally(before=len(files) - len(left), beyond=len(left) - len(todo))
             started = time.perf_counter()
             total = tally.before + len(todo)
+            runs, write = anchored(files, todo, oi.pipeline.anchor)
             # a bar on a TTY only; the inputs done before count as done
             with Progress(total, "run", summary=False, done=tally.before) as progress:
-                run_files(oi, todo, results, out_dir, progress, tally, args.item_timeout)
+                run_files(oi, runs, results, out_dir, progress, tally, args.item_timeout, write)
             seconds = time.perf_counter() - started
     print(tally.line(seconds, str(results.path)))
     return 1 if tally.num_failed else 0
@@ -214,6 +215,25 @@ class FileReader(PipelineWrapper):
         return work
 
 
+def anchored(
+    files: Sequence[Item], todo: Sequence[Item], anchor: int | None
+) -> tuple[list[Item], set[int] | None]:
+    """What to run for `todo`: itself, or for a pipeline with an `anchor`, every whole run
+    of `anchor` input positions holding an item of `todo`, so that its batches are those
+    of a run straight through; and which of them to write (None: all)."""
+    if anchor is None or len(todo) == len(files):
+        return list(todo), None
+    wanted = {item.key for item in todo}
+    runs: list[Item] = []
+    write: set[int] = set()
+    for start in range(0, len(files), anchor):
+        run = files[start : start + anchor]
+        if any(item.key in wanted for item in run):
+            write.update(len(runs) + i for i, item in enumerate(run) if item.key in wanted)
+            runs.extend(run)
+    return runs, write
+
+
 def run_files(
     oi: OfflineInference,
     files: Sequence[Item],
@@ -222,14 +242,18 @@ def run_files(
     progress: Progress,
     tally: Tally,
     item_timeout: float | None = None,
+    write: set[int] | None = None,
 ) -> None:
-    """Every file through the pipeline, each line written as it finishes, counted."""
+    """Every file through the pipeline, each line written as it finishes, counted; with
+    `write`, only those items (the others ran for their batches: done before)."""
     pipeline = oi.pipeline
     reader = FileReader(pipeline)
     driver = PipelineDriver(reader, on_error="return", item_timeout=item_timeout)
     progress.update(0)  # the clock starts now
     for index, (source, result) in enumerate(zip(files, driver.run(enumerate(files)), strict=True)):
         loaded = reader.loaded.pop(index, None)
+        if write is not None and index not in write:
+            continue
         if isinstance(results, ShardedResults):
             record = _row(pipeline, source, loaded, result, out_dir)
         else:

@@ -51,6 +51,7 @@ class Work:
         "priority",
         "requests",
         "rows",
+        "run",
         "settled",
         "shape_key",
         "slots",
@@ -80,6 +81,7 @@ class Work:
         on_cancel: Callable[[Work], None] | None = None,
         listener: Callable[[Work], None] | None = None,
         lock: threading.RLock | None = None,
+        run: tuple[int, int] | None = None,
     ) -> None:
         self.id = id  # unique per OfflineInference; orders equal priorities (FIFO)
         self.model = model
@@ -93,6 +95,9 @@ class Work:
         # what rows must share to run in one batch (the batcher's group): the shape key,
         # and the values of the model's unbatched inputs where it has any
         self.batch_key = shape_key if batch_key is None else batch_key
+        # the anchored run of input positions its rows belong to (`inferchain.anchors`):
+        # (driver, run index); a batch never mixes two; None = not anchored
+        self.run = run
         self.exact = exact  # item shapes of the rows themselves (differ when padded)
         self.names = names  # the model's output names, in output order
         self.nbytes = sum(a.nbytes for a in inputs)  # host bytes of all rows' inputs
