@@ -51,8 +51,10 @@ class ResultsFile(Closing):
         self._sink: TextIO | None = None
 
     def check(self) -> None:
-        """ConfigError when the mode is `new` and an earlier run's results are there."""
-        if self.mode == "new" and self._has_lines():
+        """ConfigError when the mode is `new` and an earlier run's results are there (its
+        `results.jsonl`, or Parquet shards)."""
+        shards = any(self.path.parent.glob("part-*.parquet"))
+        if self.mode == "new" and (self._has_lines() or shards):
             raise ConfigError(
                 f"{self.path} holds an earlier run's results: pass --resume to skip the "
                 "inputs it has, --overwrite to start over, or another --output"

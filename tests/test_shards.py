@@ -123,6 +123,7 @@ def test_an_earlier_runs_shards_are_not_overwritten_unasked(tiny: Path) -> None:
     assert inferchain("run", tiny, "--output", out, "--format", "parquet").returncode == 0
     error = one_line_error(inferchain("run", tiny, "--output", out, "--format", "parquet"))
     assert "--resume" in error
+    assert "--resume" in one_line_error(inferchain("run", tiny, "--output", out))  # jsonl too
     again = inferchain("run", tiny, "--output", out, "--format", "parquet", "--overwrite")
     assert again.returncode == 0 and ic.read_results(out).num_rows == 10
 
