@@ -485,15 +485,20 @@ class OfflineInference:
         *,
         max_in_flight: int | None = None,
         on_error: OnError = "raise",
+        item_timeout: float | None = None,
     ) -> Iterator[Any]:
         """The recipe's pipeline over `items`: one result per item, in order, streaming.
 
         Without a pipeline, a one-model recipe maps items through that model. With
         `on_error="return"` a failed item yields its exception instead of raising. At most
         `max_in_flight` items are in flight (default: the pipeline's `max_in_flight`, 64).
+        An item not finished `item_timeout` seconds after it started ends with
+        `RequestTimeout` in its place.
         """
         pipeline = self._pipeline or self._default_pipeline()
-        driver = PipelineDriver(pipeline, max_in_flight=max_in_flight, on_error=on_error)
+        driver = PipelineDriver(
+            pipeline, max_in_flight=max_in_flight, on_error=on_error, item_timeout=item_timeout
+        )
         return driver.run(items)
 
     def _default_pipeline(self) -> Pipeline:

@@ -6,6 +6,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -357,3 +358,27 @@ def test_map_batches_on_error_return_yields_the_bad_rows_error_and_goes_on(
     np.testing.assert_allclose(np.concatenate(arrays), expected, rtol=1e-5, atol=1e-5)
     assert isinstance(out[1], ic.InvalidInput)  # rows 0-2, then the bad one, then the rest
     assert len(block) == 1 and isinstance(block[0], ic.InvalidInput)
+
+
+class HangsOnTwo(ic.Pipeline):
+    """Item 2 waits for a request nobody runs; the others go through the model."""
+
+    def process(self, item: np.ndarray) -> Any:
+        if item[0] == 2:
+            yield ic.Request(10**9, "mlp")
+        out = yield self.submit("mlp", item)
+        return out["y"]
+
+
+def test_run_item_timeout_ends_a_hanging_item_in_its_place(
+    mlp_path: Path, no_thread_leak: None
+) -> None:
+    xs = [np.full(64, i, np.float32) for i in range(6)]
+    with ic.OfflineInference(mlp_recipe(mlp_path)) as oi:
+        oi._pipeline = HangsOnTwo(oi)
+        results = list(oi.run(xs, on_error="return", item_timeout=2.0))
+        with pytest.raises(ic.ConfigError, match="item_timeout must be > 0"):
+            list(oi.run(xs, item_timeout=0))
+    assert isinstance(results[2], ic.RequestTimeout)
+    assert str(results[2]) == "timed out after 2 s"
+    assert all(isinstance(r, np.ndarray) for i, r in enumerate(results) if i != 2)
