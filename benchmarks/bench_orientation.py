@@ -36,6 +36,7 @@ from common import interleave, median, table, timed, write_results
 import inferchain as ic
 from inferchain.backends.onnxruntime import session_options
 from inferchain.cli.run import Item, run_files
+from inferchain.cli.tally import Tally
 from inferchain.images import read_image
 from inferchain.results import ResultsFile
 from inferchain.tools.progress import Progress
@@ -130,7 +131,7 @@ def main() -> None:
                 Progress(None, "", summary=False) as p,
                 contextlib.redirect_stdout(io.StringIO()),  # its line per file
             ):
-                run_files(oi, items, results, out, p)
+                run_files(oi, items, results, out, p, Tally())
             mean_batch("run_files", before)
 
         def script_images() -> None:

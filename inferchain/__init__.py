@@ -27,6 +27,7 @@ from inferchain.metrics import Stats
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import ImagePipeline, Pipeline, Process, import_recipe_module
 from inferchain.sequence import LiveSequence, Stepper
+from inferchain.shards import read_results, result_arrays
 from inferchain.tensors import ModelInfo, TensorDesc
 
 __version__ = "0.1.0"
@@ -63,4 +64,6 @@ __all__ = [
     "__version__",
     "import_recipe_module",
     "load_recipe",
+    "read_results",
+    "result_arrays",
 ]

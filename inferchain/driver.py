@@ -20,20 +20,25 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from inferchain.anchors import current_run, new_driver
 from inferchain.core.request import Request
-from inferchain.errors import ConfigError
+from inferchain.errors import ConfigError, RequestTimeout
+from inferchain.logs import get_logger
 from inferchain.utilisation import HostStep
 
 if TYPE_CHECKING:
     from inferchain.config import Recipe
     from inferchain.offline import OfflineInference
     from inferchain.pipeline import Pipeline, Process, Step
+
+log = get_logger(__name__)
 
 MAX_HOST_WORKERS = 8  # the default pool never grows past this many threads
 
@@ -65,7 +70,7 @@ def host_workers(pipeline: Pipeline) -> int:
 class _Task:
     """One item in flight: its generator and the requests its last step waits for."""
 
-    __slots__ = ("gen", "index", "lock", "remaining", "step")
+    __slots__ = ("ended", "gen", "index", "lock", "on_host", "remaining", "step")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -73,6 +78,8 @@ class _Task:
         self.step: Step = []
         self.remaining = 0  # requests of `step` not yet ended (under `lock`)
         self.lock = threading.Lock()
+        self.on_host = False  # a host step of it is dispatched (the caller's thread writes)
+        self.ended = False  # its result is in: a timed-out item's later events are stale
 
 
 @attrs.frozen
@@ -102,20 +109,39 @@ class PipelineDriver:
         on_error: Literal["raise", "return"] = "raise",
         on_idle: Callable[[bool, bool], None] | None = None,
         workers: int | None = None,
+        item_timeout: float | None = None,
     ) -> None:
         """`on_idle(ended, full)` is called each time every item in flight waits for the
         engine, just before the driver blocks: `ended` once the input has ended, `full` while
         `max_in_flight` items are in flight. By default the pipeline's `oi.flush` of the
-        partial batches of `batching: fill` models: once the input has ended, or while full
-        if nothing else is left to run (sequence steps leave on their own)."""
+        partial batches of `batching: fill` / `wait` models (`idle_flush`).
+
+        `item_timeout` (seconds): an item not finished that long after it started ends
+        with `RequestTimeout("timed out after S s")` in its place (its requests not yet
+        running are cancelled, its generator closed) and the others go on.
+
+        The batches of `batching: fill` models are cut at every multiple of the pipeline's
+        `anchor` item positions (where `max_in_flight` holds a whole run of them; else they
+        leave when no more items can start): `inferchain.anchors`."""
         if max_in_flight is None:
             max_in_flight = pipeline.max_in_flight
         if max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if item_timeout is not None and not item_timeout > 0:
+            raise ConfigError(f"item_timeout must be > 0 seconds, got {item_timeout}")
+        self._timeout = item_timeout
+        self._deadlines: deque[tuple[float, _Task]] = deque()  # in start order = by deadline
         self._pipeline = pipeline
         self._limit = max_in_flight
         self._on_error = on_error
-        self._on_idle = on_idle if on_idle is not None else idle_flush(pipeline.oi)
+        anchor = pipeline.anchor
+        if anchor is not None and max_in_flight < anchor:
+            # a run of positions never fits: batches leave when no more items can start
+            log.info("not_anchored", anchor=anchor, max_in_flight=max_in_flight)
+            anchor = None
+        self._anchor = anchor
+        self._driver = new_driver()
+        self._on_idle = on_idle if on_idle is not None else idle_flush(pipeline.oi, anchor)
         self.workers = host_workers(pipeline) if workers is None else workers
         if self.workers < 0:
             raise ConfigError(f"host_workers must be >= 0, got {self.workers}")
@@ -157,7 +183,9 @@ class PipelineDriver:
                 if self._events.empty() and self._on_host == 0:
                     full = len(self._active) + len(self._results) >= self._limit
                     self._on_idle(exhausted, full)
-                self._take(self._events.get())
+                event = self._next_event()
+                if event is not None:
+                    self._take(event)
         finally:
             self._stop()
 
@@ -167,16 +195,60 @@ class PipelineDriver:
         task = _Task(index)
         self._active[index] = task
         self._activity.enter()
+        if self._timeout is not None:
+            self._deadlines.append((time.monotonic() + self._timeout, task))
         self._dispatch(task, lambda: self._begin(task, item))
+
+    def _next_event(self) -> _Event | None:
+        """The next event; None once an item's time is up (it has then ended with its
+        timeout error). Blocks until one or the other."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1].ended:
+            deadlines.popleft()
+        if not deadlines:
+            return self._events.get()
+        due, task = deadlines[0]
+        try:
+            return self._events.get(timeout=max(due - time.monotonic(), 0.0))
+        except queue.Empty:
+            deadlines.popleft()
+            self._time_out(task)
+            return None
+
+    def _time_out(self, task: _Task) -> None:
+        """End `task` with its timeout error; its generator is closed now, or, while a host
+        step of it runs, once that step is back (`_take`)."""
+        for r in _requests(task.step):
+            r.cancel()  # those not yet running; a running one ends on its own, unheard
+        if not task.on_host:
+            self._close(task)
+        error = RequestTimeout(f"timed out after {self._timeout:g} s")
+        self._end(task, False, error)
+
+    def _close(self, task: _Task) -> None:
+        if task.gen is None:
+            return
+        try:
+            task.gen.close()
+        except Exception as e:  # the item's own clean-up failed: it has ended anyway
+            log.warning("item_close_failed", index=task.index, error=repr(e))
+
+    def _end(self, task: _Task, ok: bool, value: Any) -> None:
+        task.ended = True
+        del self._active[task.index]
+        self._results[task.index] = (ok, value)
+        self._activity.leave()
 
     def _dispatch(self, task: _Task, step: Callable[[], _Posted]) -> None:
         """Run one host step of `task`: on the pool, or here (its outcome queued either way)."""
         self._on_host += 1
+        task.on_host = True
         if self._pool is None:
             try:
                 event = self._timed(task, step)
             except BaseException:  # e.g. KeyboardInterrupt: nothing is on the host now
                 self._on_host -= 1
+                task.on_host = False
                 raise
             self._events.put(event)
             return
@@ -192,11 +264,17 @@ class PipelineDriver:
         self._pool.submit(on_host)
 
     def _timed(self, task: _Task, step: Callable[[], _Posted]) -> _Posted:
-        """`step()`, its time recorded as the host pool's (any thread)."""
+        """`step()` with the task's anchored run current, its time recorded as the host
+        pool's (any thread)."""
         start = time.perf_counter()
+        token = None
+        if self._anchor is not None:
+            token = current_run.set((self._driver, task.index // self._anchor))
         try:
             return step()
         finally:
+            if token is not None:
+                current_run.reset(token)
             thread = threading.current_thread().name
             self._host.record(HostStep(thread, start, time.perf_counter(), task.index))
 
@@ -208,13 +286,20 @@ class PipelineDriver:
 
     def _take(self, event: _Event) -> None:
         if isinstance(event, _Task):  # its requests ended: the next host step
-            self._dispatch(event, lambda: self._resume(event))
+            if not event.ended:
+                self._dispatch(event, lambda: self._resume(event))
             return
         self._on_host -= 1
+        task = event.task
+        task.on_host = False
+        if task.ended:  # timed out while this step ran: what it started is dropped
+            for r in _requests(task.step):
+                r.cancel()
+            if not event.finished:
+                self._close(task)
+            return
         if event.finished:
-            del self._active[event.task.index]
-            self._results[event.task.index] = (event.ok, event.value)
-            self._activity.leave()
+            self._end(task, event.ok, event.value)
 
     def _stop(self) -> None:
         """End what is in flight: cancel the requests items wait for, let the host steps
@@ -225,7 +310,7 @@ class PipelineDriver:
         while self._on_host > 0:
             event = self._events.get()
             if isinstance(event, _Posted):
-                self._on_host -= 1
+                self._take(event)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -236,6 +321,7 @@ class PipelineDriver:
                 task.gen.close()
             self._activity.leave()
         self._active.clear()
+        self._deadlines.clear()
 
     # -- a host thread (or the caller's, without a pool) -----------------------------------
 
@@ -290,17 +376,19 @@ class PipelineDriver:
             self._events.put(task)
 
 
-def idle_flush(oi: OfflineInference) -> Callable[[bool, bool], None]:
+def idle_flush(oi: OfflineInference, anchor: int | None = None) -> Callable[[bool, bool], None]:
     """Flush the partial batches that wait for others (`batching: fill` / `wait`) once no
     more items can come to them: the input ended, or `max_in_flight` are in flight (`wait`
-    ones then at once, `fill` ones only where nothing else is left to run)."""
+    ones then at once, `fill` ones only where nothing else is left to run, and never while
+    anchored: a partial batch then leaves at its run's end or the input's, not by timing)."""
     kinds = {m.batching for m in oi.recipe.models}
     if not kinds & {"fill", "wait"}:
         return lambda ended, full: None  # no partial batches that wait for a flush
     partial: bool | Literal["if_stalled"] = "if_stalled" if "fill" in kinds else True
+    if_full = anchor is None or "fill" not in kinds
 
     def on_idle(ended: bool, full: bool) -> None:
-        if ended or full:
+        if ended or (full and if_full):
             oi.flush(steps=False, batches=True if ended else partial)
 
     return on_idle

@@ -16,6 +16,7 @@ from typing import Any, Literal, Self, overload
 
 import numpy as np
 
+from inferchain.anchors import current_run
 from inferchain.backends.base import Backend
 from inferchain.backends.factory import make_backend
 from inferchain.config import ModelConfig, Recipe, load_recipe
@@ -410,9 +411,11 @@ class OfflineInference:
 
         Yields each item's outputs in input order (or by finished work with `ordered=False`).
         An item's error is raised at its turn (what is still in flight is then cancelled),
-        or with `on_error="return"` yielded in place of its outputs.
+        or with `on_error="return"` yielded in place of its outputs: an item that fails its
+        input check too (its `InvalidInput`), and the items after it go on
         """
-        for work in self._stream(model, inputs, ordered, max_in_flight, priority):
+        stream = self._stream(model, inputs, ordered, max_in_flight, priority, on_error=on_error)
+        for work in stream:
             for result in work.items():
                 if isinstance(result, BaseException) and on_error == "raise":
                     raise result
@@ -434,10 +437,14 @@ class OfflineInference:
         `inputs` is best an array whose rows are the items (a one-input model), or any
         iterable of items. Each yielded mapping covers consecutive rows (at most
         `batch_size`, default the model's max batch); with `on_error="return"` a failed
-        range yields its error instead.
+        range yields its error instead (an item that fails its input check: its
+        `InvalidInput`, as a range of its own, and the rows after it go on).
         """
         size = batch_size or self.recipe.model(model).batch_rows
-        for work in self._stream(model, inputs, True, max_in_flight, priority, chunk=size):
+        stream = self._stream(
+            model, inputs, True, max_in_flight, priority, chunk=size, on_error=on_error
+        )
+        for work in stream:
             for _, _, value in work.arrays():
                 if isinstance(value, BaseException) and on_error == "raise":
                     raise value
@@ -451,7 +458,10 @@ class OfflineInference:
         max_in_flight: int | None,
         priority: int | None,
         chunk: int | None = None,
+        on_error: OnError = "raise",
     ) -> Iterator[Work]:
+        """Works for `inputs` in a bounded window; with `on_error="return"` an item that
+        fails its input check becomes a settled Work of its error, in its place."""
         engine = self._running_engine()
         config = self.recipe.model(model)
         limit = max_in_flight or 2 * config.num_slots
@@ -462,9 +472,17 @@ class OfflineInference:
         def submit(
             items: Sequence[Any] | np.ndarray, notify: Callable[[Work], None] | None
         ) -> list[Work]:
-            works = self._works(model, items, priority=priority, listener=notify)
+            try:
+                works = self._works(model, items, priority=priority, listener=notify)
+            except InvalidInput:
+                if on_error == "raise":
+                    raise
+                works = self._works_apart(model, items, priority, notify)
             for w in works:
-                engine.run_or_submit(w, short_only=True)
+                if not w.done:
+                    engine.run_or_submit(w, short_only=True)
+                elif notify is not None:
+                    notify(w)
             return works
 
         return in_flight(
@@ -482,6 +500,7 @@ class OfflineInference:
         *,
         max_in_flight: int | None = None,
         on_error: OnError = "raise",
+        item_timeout: float | None = None,
     ) -> Iterator[Any]:
         """The recipe's pipeline over `items`: one result per item, in order, streaming.
 
@@ -491,9 +510,13 @@ class OfflineInference:
         Without a pipeline, a one-model recipe maps items through that model. With
         `on_error="return"` a failed item yields its exception instead of raising. At most
         `max_in_flight` items are in flight (default: the pipeline's `max_in_flight`, 64).
+        An item not finished `item_timeout` seconds after it started ends with
+        `RequestTimeout` in its place.
         """
         pipeline = PathLoader(self._pipeline or self._default_pipeline())
-        driver = PipelineDriver(pipeline, max_in_flight=max_in_flight, on_error=on_error)
+        driver = PipelineDriver(
+            pipeline, max_in_flight=max_in_flight, on_error=on_error, item_timeout=item_timeout
+        )
         return driver.run(items)
 
     def _default_pipeline(self) -> Pipeline:
@@ -545,6 +568,7 @@ class OfflineInference:
         deadline = None if timeout is None else now + timeout
         names = loaded.output_names
         engine = self._running_engine()
+        run = current_run.get() if config.batching == "fill" else None
         works = []
         for inputs in groups:
             batched = spec.batching
@@ -555,6 +579,8 @@ class OfflineInference:
                 key, joins = loaded.shapes.keys(exact, rows_shared_values(inputs, spec.shared))
             else:
                 key = joins = exact
+            if run is not None:
+                joins = (run, joins)  # anchored: two runs never share a batch
             rows = len(inputs[0]) if batched else 1
             first = self._take_ids(rows if per_item else 1)
             work = Work(
@@ -572,6 +598,7 @@ class OfflineInference:
                 depends_on=depends_on,
                 on_cancel=engine.cancelled,
                 listener=listener,
+                run=run,
             )
             if per_item:  # each row's inputs are views made only when asked for
                 lock = work.lock
@@ -593,6 +620,41 @@ class OfflineInference:
                     for i in range(rows)
                 )
             works.append(work)
+        return works
+
+    def _works_apart(
+        self,
+        model: str,
+        items: Sequence[Any] | np.ndarray,
+        priority: int | None,
+        listener: Callable[[Work], None] | None,
+    ) -> list[Work]:
+        """`_works` for a chunk where some item fails its input check: the runs of good
+        items as Works, each failed item (or a whole array of rows) as a rejected Work."""
+        names = self._model(model).output_names
+
+        def rejected(error: InvalidInput, rows: int) -> Work:
+            return Work.rejected(self._take_ids(1), model, error, rows, names)
+
+        if isinstance(items, np.ndarray) and self._model(model).spec.takes_rows:
+            try:
+                return self._works(model, items, priority=priority, listener=listener)
+            except InvalidInput as e:  # the rows are checked as one array
+                return [rejected(e, len(items))]
+        works: list[Work] = []
+        good: list[Any] = []
+        for item in items:
+            try:
+                self._works(model, (item,))  # the check alone: nothing is submitted
+            except InvalidInput as e:
+                if good:
+                    works += self._works(model, good, priority=priority, listener=listener)
+                    good = []
+                works.append(rejected(e, 1))
+            else:
+                good.append(item)
+        if good:
+            works += self._works(model, good, priority=priority, listener=listener)
         return works
 
     def _check_room(self, loaded: LoadedModel, groups: Sequence[Item]) -> None:

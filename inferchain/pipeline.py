@@ -63,11 +63,27 @@ class Pipeline:
     #: imported by `init()` and `inferchain doctor`, so that one missing is one error naming
     #: the recipe's `extra:`, not one per item
     requires: tuple[str, ...] = ()
+    #: `inferchain run`'s default `--format`: `jsonl` (one JSON line per item) or `parquet`
+    #: (shards with tensors as typed arrays; see `inferchain.shards`)
+    output_format: str = "jsonl"
 
     def __init__(self, oi: OfflineInference) -> None:
         self.oi = oi
         self.recipe: Recipe = oi.recipe
         self.params: dict[str, Any] = dict(oi.recipe.params)
+
+    @property
+    def anchor(self) -> int | None:
+        """Items run in anchored runs of this many input positions, or None: a batch of a
+        `batching: fill` model (whose rows' outputs may depend on what shares their batch,
+        e.g. padding to the longest) is cut at every multiple of it, so its rows are a
+        function of the input positions, not of timing or of what a resumed run has left;
+        `inferchain run --resume` reruns the whole runs it needs (writing only the missing
+        items). Default: the largest batch of the recipe's `batching: fill` models, each
+        item's first step going to that model; override where a pipeline's items map to
+        its batches otherwise."""
+        fill = [m.batch_rows for m in self.recipe.models if m.batching == "fill"]
+        return max(fill) if fill else None
 
     def submit(self, model: str, inputs: Any, **options: Any) -> Request:
         """Shorthand for `self.oi.submit`."""
@@ -104,6 +120,16 @@ class Pipeline:
         if isinstance(result, dict):
             return {k: np.asarray(v).tolist() for k, v in result.items()}
         return {"result": np.asarray(result).tolist()}
+
+    def to_row(self, result: Any) -> dict[str, Any]:
+        """One result as named values for a Parquet row: arrays stay arrays (a tensor column
+        where every row's has one shape and dtype), scalars are columns. Default: a model's
+        outputs as they are, or, for a pipeline that defines only `to_record`, its record."""
+        if type(self).to_record is not Pipeline.to_record:
+            return self.to_record(result)
+        if isinstance(result, dict):
+            return {k: np.asarray(v) for k, v in result.items()}
+        return {"result": np.asarray(result)}
 
     def summary(self, result: Any) -> str:
         """One short line describing a result, printed by `inferchain run`."""

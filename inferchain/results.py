@@ -52,14 +52,15 @@ class ResultsFile(Closing):
 
     def check(self) -> None:
         """ConfigError when the output folder is a file, or when the mode is `new` and an
-        earlier run's results are there."""
+        earlier run's results are there (its `results.jsonl`, or Parquet shards)."""
         folder = self.path.parent
         if folder.exists() and not folder.is_dir():
             raise ConfigError(
                 f"--output {folder} is a file, not a folder: the output is a folder that "
                 f"gets {RESULTS} (and what the pipeline saves per item); name a folder"
             )
-        if self.mode == "new" and self._has_lines():
+        shards = folder.is_dir() and any(folder.glob("part-*.parquet"))
+        if self.mode == "new" and (self._has_lines() or shards):
             raise ConfigError(
                 f"{self.path} holds an earlier run's results: pass --resume to skip the "
                 "inputs it has, --overwrite to start over, or another --output"

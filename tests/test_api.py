@@ -7,7 +7,7 @@ import sys
 
 import inferchain as ic
 
-# What users (OfflineInference, recipes, errors) and recipe authors (the pipeline base
+# What users (OfflineInference, recipes, errors, a run's results read back) and recipe authors (the pipeline base
 # classes, the generator type of `process`, steppers, a recipe's own modules) need: the
 # surface changes only on purpose.
 PUBLIC = {
@@ -42,6 +42,8 @@ PUBLIC = {
     "__version__",
     "import_recipe_module",
     "load_recipe",
+    "read_results",
+    "result_arrays",
 }
 
 

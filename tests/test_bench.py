@@ -327,3 +327,18 @@ def test_a_stateful_model_is_benched_in_sequences_with_step_figures(acc_path: Pa
     slices = [e for e in chrome_trace(report.timeline)["traceEvents"] if e["ph"] == "X"]
     assert sum(e["args"]["steps"] for e in slices) == steps
     assert all(e["name"].endswith("steps") for e in slices)
+
+
+def test_progress_counts_units_done_before_and_shows_rate_and_time_left() -> None:
+    """A resumed run: the units done before count towards the bar, not towards the rate;
+    while units are left the line says how long they will take at the rate so far."""
+    stream = io.StringIO()
+    progress = Progress(10, "run", stream=stream, interactive=True, summary=False, done=6)
+    progress.update(0)
+    assert progress.count == 6
+    progress.update(2)
+    line = progress.line(progress._started + 2.0)  # 2 units in 2 s: 1/s, 2 left
+    assert line == "run: 8/10 in 2.0s (1.0/s, 2s left, 6 done before)"
+    progress.update(2)
+    assert "left" not in progress.line(progress._started + 4.0)
+    progress.close()

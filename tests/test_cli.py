@@ -91,7 +91,8 @@ def test_an_unreadable_file_is_an_error_line_and_the_run_goes_on(tiny: Path) -> 
     ]
     assert set(lines[2]) == {"file", "error"}
     assert all(set(r) == {"file", "y"} for i, r in enumerate(lines) if i != 2)
-    assert "5 items, 1 failed" in done.stdout
+    kind = str(lines[2]["error"]).partition(":")[0]
+    assert f"4 done, 1 failed ({kind} 1), 0 skipped as done before;" in done.stdout
 
 
 def test_a_crash_leaves_every_finished_line_intact(tiny: Path) -> None:
@@ -124,12 +125,49 @@ def test_resume_skips_inputs_with_results_and_retries_failures(tiny: Path) -> No
     np.save(bad, np.full(64, 2, np.float32))
     done = inferchain("run", tiny, "--output", out, "--resume")
     assert done.returncode == 0, done.stderr
-    assert "2 items, 0 failed, 2 skipped" in done.stdout
+    assert "2 done, 0 failed, 2 skipped as done before;" in done.stdout
     names = [Path(str(r["file"])).name for r in records(out)]
     assert names == ["0.npy", "1.npy", "2.npy", "3.npy"]
     assert all(set(r) == {"file", "y"} for r in records(out))
     again = inferchain("run", tiny, "--output", out, "--resume")
-    assert again.returncode == 0 and "0 items, 0 failed, 4 skipped" in again.stdout
+    assert again.returncode == 0 and "0 done, 0 failed, 4 skipped as done before" in again.stdout
+
+
+HANGING = """\
+from inferchain import Request
+from inferchain.pipeline import Pipeline
+
+class HangOnSecond(Pipeline):
+    def process(self, item):
+        if item[0] == 1:  # waits for a request that nobody runs: it never ends
+            yield Request(10**9, "mlp")
+        out = yield self.submit("mlp", item)
+        return out
+"""
+
+
+def test_an_item_past_its_timeout_is_an_error_line_and_the_run_finishes(tiny: Path) -> None:
+    """--item-timeout: the hanging item becomes `RequestTimeout: timed out after S s` at its
+    place, every other item has its result, the summary counts it by kind, exit 1."""
+    (tiny / "pipeline.py").write_text(HANGING, encoding="utf-8")
+    recipe = (tiny / "recipe.yaml").read_text(encoding="utf-8")
+    (tiny / "recipe.yaml").write_text(recipe + "pipeline: pipeline.py:HangOnSecond\n")
+    out = tiny / "out"
+    done = inferchain("run", tiny, "--output", out, "--item-timeout", 2)
+    assert done.returncode == 1, done.stderr
+    lines = records(out)
+    assert [Path(str(r["file"])).name for r in lines] == ["0.npy", "1.npy", "2.npy", "3.npy"]
+    assert lines[1]["error"] == "RequestTimeout: timed out after 2 s"
+    assert all("y" in r for i, r in enumerate(lines) if i != 1)
+    assert "3 done, 1 failed (RequestTimeout 1), 0 skipped as done before;" in done.stdout
+    again = inferchain("run", tiny, "--output", out, "--resume", "--item-timeout", 2)
+    assert "0 done, 1 failed (RequestTimeout 1), 3 skipped as done before;" in again.stdout
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_item_timeout_must_be_positive_seconds(tiny: Path, value: str) -> None:
+    error = one_line_error(inferchain("run", tiny, "--item-timeout", value))
+    assert "--item-timeout" in error and "expected seconds > 0" in error
 
 
 def test_a_folder_without_inputs_is_status_2_naming_it_and_the_kinds(tiny: Path) -> None:

@@ -105,3 +105,29 @@ def test_pad_values_are_per_input_and_checked_in_the_recipe(tmp_path: Path) -> N
         recipe({"name": "m", "path": "m.onnx", "inputs": {"image": {"pad": "zero"}}})
     with pytest.raises(ic.ConfigError, match="batching must be one of window, wait, fill"):
         recipe({"name": "m", "path": "m.onnx", "batching": "full"})
+
+
+class Anchored(Pipeline):
+    """Fails item 1 before it submits anything; the others run through the fill model."""
+
+    def process(self, item: np.ndarray) -> Process:
+        if item.shape == (1, 4, 1):
+            raise ValueError("not this one")
+        out = yield self.submit("img", item)
+        return out["scaled"].shape
+
+
+def test_anchored_runs_cut_batches_at_input_positions_whatever_fails(image_path: Path) -> None:
+    """The pipeline's anchor is the fill model's batch (4): items 0-3 (less the failed one)
+    are one batch, 4-5 the next: the failure does not shift the later batches."""
+    sizes = [*SIZES, (1, 1), (2, 1), (3, 2)]  # 9 items: runs 0-3, 4-7, 8
+    with ic.OfflineInference(fill_recipe(image_path)) as oi:
+        pipeline = Anchored(oi)
+        assert pipeline.anchor == 4
+        oi._pipeline = pipeline
+        shapes = list(oi.run(images(sizes), on_error="return"))
+        assert oi.stats().models["img"].batch_sizes == {3: 1, 4: 1, 1: 1}
+    assert isinstance(shapes[1], ValueError)
+    assert shapes[0] == (1, 3, 5)  # padded to items 0, 2, 3: not to item 4
+    assert shapes[4] == (1, 5, 2)  # items 4-7
+    assert shapes[8] == (1, 3, 2)  # alone

@@ -6,6 +6,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -335,3 +336,74 @@ def test_infer_runs_inline_when_idle_and_keeps_the_books(mlp_path: Path) -> None
     np.testing.assert_allclose(np.stack([m["y"] for m in mapped]), expected[300:], rtol=1e-5)
     assert stats.requests == 400
     assert seen == ["mlp#0"] * 100  # accounted to the worker whose session ran it
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_map_on_error_return_yields_a_failed_input_check_in_its_place(
+    mlp_path: Path, ordered: bool
+) -> None:
+    """A wrong shape among good items is yielded as its InvalidInput at its place (ordered)
+    and every other item still has its outputs."""
+    rng = np.random.default_rng(1)
+    good = list(rng.standard_normal((20, 64)).astype(np.float32))
+    items: list[np.ndarray] = [*good[:7], np.zeros(63, np.float32), *good[7:]]
+    (expected,) = reference(mlp_path, {"x": np.stack(good)})
+    with ic.OfflineInference(mlp_recipe(mlp_path, max_batch_size=4)) as oi:
+        results = list(oi.map("mlp", items, ordered=ordered, on_error="return"))
+        with pytest.raises(ic.InvalidInput, match=r"expected shape \(64\), got \(63\)"):
+            list(oi.map("mlp", items))
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert len(results) == 21 and len(errors) == 1
+    assert isinstance(errors[0], ic.InvalidInput) and "got (63)" in str(errors[0])
+    outputs = [r["y"] for r in results if not isinstance(r, BaseException)]
+    if ordered:
+        assert isinstance(results[7], ic.InvalidInput)
+        np.testing.assert_allclose(np.stack(outputs), expected, rtol=1e-5, atol=1e-5)
+    else:
+        order = np.lexsort(np.stack(outputs).T)
+        np.testing.assert_allclose(
+            np.stack(outputs)[order], expected[np.lexsort(expected.T)], rtol=1e-5, atol=1e-5
+        )
+
+
+def test_map_batches_on_error_return_yields_the_bad_rows_error_and_goes_on(
+    mlp_path: Path,
+) -> None:
+    """map_batches: the failed item is a range of its own; the rows around it keep their
+    outputs, in order; an array of rows of the wrong shape is one error for its rows."""
+    good = np.random.default_rng(2).standard_normal((10, 64)).astype(np.float32)
+    items: list[np.ndarray] = [*good[:3], np.zeros((2, 2), np.float32), *good[3:]]
+    (expected,) = reference(mlp_path, {"x": good})
+    with ic.OfflineInference(mlp_recipe(mlp_path)) as oi:
+        out = list(oi.map_batches("mlp", items, batch_size=4, on_error="return"))
+        block = list(oi.map_batches("mlp", np.zeros((5, 3), np.float32), on_error="return"))
+    errors = [o for o in out if isinstance(o, BaseException)]
+    assert len(errors) == 1 and isinstance(errors[0], ic.InvalidInput)
+    arrays = [o["y"] for o in out if not isinstance(o, BaseException)]
+    np.testing.assert_allclose(np.concatenate(arrays), expected, rtol=1e-5, atol=1e-5)
+    assert isinstance(out[1], ic.InvalidInput)  # rows 0-2, then the bad one, then the rest
+    assert len(block) == 1 and isinstance(block[0], ic.InvalidInput)
+
+
+class HangsOnTwo(ic.Pipeline):
+    """Item 2 waits for a request nobody runs; the others go through the model."""
+
+    def process(self, item: np.ndarray) -> Any:
+        if item[0] == 2:
+            yield ic.Request(10**9, "mlp")
+        out = yield self.submit("mlp", item)
+        return out["y"]
+
+
+def test_run_item_timeout_ends_a_hanging_item_in_its_place(
+    mlp_path: Path, no_thread_leak: None
+) -> None:
+    xs = [np.full(64, i, np.float32) for i in range(6)]
+    with ic.OfflineInference(mlp_recipe(mlp_path)) as oi:
+        oi._pipeline = HangsOnTwo(oi)
+        results = list(oi.run(xs, on_error="return", item_timeout=2.0))
+        with pytest.raises(ic.ConfigError, match="item_timeout must be > 0"):
+            list(oi.run(xs, item_timeout=0))
+    assert isinstance(results[2], ic.RequestTimeout)
+    assert str(results[2]) == "timed out after 2 s"
+    assert all(isinstance(r, np.ndarray) for i, r in enumerate(results) if i != 2)

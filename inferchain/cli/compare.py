@@ -1,4 +1,5 @@
-"""`inferchain compare MODEL_A MODEL_B`: a converted model's outputs against the original's.
+"""`inferchain compare MODEL_A MODEL_B`: a converted model's outputs against the original's;
+`inferchain compare --batch-invariance RECIPE`: a model's outputs at several batch sizes.
 
 Exit status 0 when every output is within `--rtol/--atol`, 1 when one is not, 2 for bad
 input (a missing file, inputs that do not fit the models).
@@ -10,7 +11,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from inferchain.cli.options import add_command
+from inferchain.cli.options import add_command, positive_int
+from inferchain.errors import ConfigError
 from inferchain.tools.compare import BACKENDS, DEFAULT_ATOL, DEFAULT_RTOL, compare_models
 from inferchain.tools.feeds import DEFAULT_BATCH, DYNAMIC_DIM
 
@@ -37,9 +39,33 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         ),
     )
     p.add_argument(
-        "model_a", help="the reference: a model file (.onnx; .om with acl) or a recipe folder"
+        "model_a",
+        nargs="?",
+        help="the reference: a model file (.onnx; .om with acl) or a recipe folder",
     )
-    p.add_argument("model_b", help="the model to check (e.g. its conversion), or a recipe")
+    p.add_argument(
+        "model_b", nargs="?", help="the model to check (e.g. its conversion), or a recipe"
+    )
+    p.add_argument(
+        "--batch-invariance",
+        metavar="RECIPE",
+        help="instead of A against B: run the items RECIPE's pipeline gives each model (or "
+        "--model) at batch sizes 1, a middle one and the maximum, and shuffled; per output the "
+        "largest difference from batches of 1 and the share of bit-identical items",
+    )
+    p.add_argument(
+        "--input",
+        action="append",
+        type=Path,
+        help="with --batch-invariance: input file or folder (default: the recipe's `inputs:`)",
+    )
+    p.add_argument(
+        "--limit",
+        type=positive_int,
+        default=512,
+        metavar="N",
+        help="with --batch-invariance: the first N input items (default 512)",
+    )
     p.add_argument(
         "--model", metavar="NAME", help="the model of a recipe with several (same name on both)"
     )
@@ -70,6 +96,10 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if args.batch_invariance is not None:
+        return batch_invariance(args)
+    if args.model_a is None or args.model_b is None:
+        raise ConfigError("compare takes MODEL_A MODEL_B, or --batch-invariance RECIPE")
     acl_module = None
     if args.fake_acl:
         from inferchain.testing.fake_acl import FakeAcl
@@ -89,5 +119,32 @@ def cmd_compare(args: argparse.Namespace) -> int:
         acl_module=acl_module,
         model=args.model,
     )
+    print(report.format())
+    return 0 if report.passed else 1
+
+
+def batch_invariance(args: argparse.Namespace) -> int:
+    """`--batch-invariance RECIPE`: the recipe's pipeline over its inputs, recording what
+    each model is given, then those items again at several batch sizes."""
+    from inferchain.cli.run import FileReader, _sources, input_files, input_items
+    from inferchain.config import load_recipe
+    from inferchain.driver import PipelineDriver
+    from inferchain.offline import OfflineInference
+    from inferchain.tools.invariance import capture_items, check_invariance, items_of
+
+    recipe = load_recipe(args.batch_invariance)
+    sources = _sources(recipe, args.input)
+    with OfflineInference(recipe) as oi:
+        pipeline = oi.pipeline
+        files = input_items(input_files(sources, pipeline), pipeline)[: args.limit]
+        driver = PipelineDriver(FileReader(pipeline), on_error="return")
+        with capture_items(oi) as items:
+            items_of(driver.run(enumerate(files)))
+    if args.model is not None:
+        recipe.model(args.model)  # ConfigError naming it when there is none
+        items = {args.model: items.get(args.model, [])}
+    else:  # the models that batch and carry no state
+        items = {m: rows for m, rows in items.items() if not recipe.model(m).state}
+    report = check_invariance(args.batch_invariance, items, rtol=args.rtol, atol=args.atol)
     print(report.format())
     return 0 if report.passed else 1

@@ -41,6 +41,7 @@ class ModelBatcher:
         self.groups: dict[BatchKey, deque[Work]] = {}
         self._rows: dict[BatchKey, int] = {}  # rows not yet taken, per group
         self.num_ready = 0  # rows not yet taken, all groups
+        self.latest_run: dict[int, int] = {}  # anchored runs: driver -> latest run seen
 
     def add(self, work: Work) -> None:
         key = work.batch_key
@@ -49,6 +50,9 @@ class ModelBatcher:
             group = self.groups[key] = deque()
             self._rows[key] = 0
         group.append(work)
+        if work.run is not None:
+            driver, index = work.run
+            self.latest_run[driver] = max(self.latest_run.get(driver, index), index)
         work.held = True
         left = work.rows - work.taken
         self._rows[key] += left
@@ -60,8 +64,8 @@ class ModelBatcher:
         best: BatchKey | None = None
         best_t = next_due = float("inf")
         if self.fill and not self.flushing:
-            for key in self.groups:
-                if self._rows[key] >= self.max_rows:
+            for key, group in self.groups.items():
+                if self._rows[key] >= self.max_rows or self._run_over(group[0]):
                     return key, next_due
             return None, next_due
         for key, group in self.groups.items():
@@ -80,6 +84,14 @@ class ModelBatcher:
             else:
                 next_due = min(next_due, head + self.delay)
         return best, next_due
+
+    def _run_over(self, work: Work) -> bool:
+        """An anchored run's rows may leave as a partial batch: a later run of its driver
+        has rows here (admission is FIFO, so every row of this run has arrived)."""
+        if work.run is None:
+            return False
+        driver, index = work.run
+        return self.latest_run[driver] > index
 
     def take(self, key: BatchKey) -> tuple[list[Slice], int]:
         """Up to a batch of rows from group `key`: the slices and their rows. Works whose

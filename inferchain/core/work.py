@@ -51,6 +51,7 @@ class Work:
         "priority",
         "requests",
         "rows",
+        "run",
         "settled",
         "shape_key",
         "slots",
@@ -80,6 +81,7 @@ class Work:
         on_cancel: Callable[[Work], None] | None = None,
         listener: Callable[[Work], None] | None = None,
         lock: threading.RLock | None = None,
+        run: tuple[int, int] | None = None,
     ) -> None:
         self.id = id  # unique per OfflineInference; orders equal priorities (FIFO)
         self.model = model
@@ -93,6 +95,9 @@ class Work:
         # what rows must share to run in one batch (the batcher's group): the shape key,
         # and the values of the model's unbatched inputs where it has any
         self.batch_key = shape_key if batch_key is None else batch_key
+        # the anchored run of input positions its rows belong to (`inferchain.anchors`):
+        # (driver, run index); a batch never mixes two; None = not anchored
+        self.run = run
         self.exact = exact  # item shapes of the rows themselves (differ when padded)
         self.names = names  # the model's output names, in output order
         self.nbytes = sum(a.nbytes for a in inputs)  # host bytes of all rows' inputs
@@ -121,6 +126,19 @@ class Work:
         self.on_cancel = on_cancel  # tells the engine of `cancel()` (any thread)
         self.listener = listener  # called once settled, on the engine's thread; must not block
         self._done: threading.Lock | None = None  # held until settled; see wait()
+
+    @classmethod
+    def rejected(
+        cls, id: int, model: str, error: BaseException, rows: int, names: tuple[str, ...]
+    ) -> Work:
+        """`rows` items that failed their input check: settled at once, `error` in every
+        row (`oi.map(..., on_error="return")` yields it in their place)."""
+        work = cls(id, model, (), shape_key=(), exact=(), names=names, submitted=0.0)
+        work.rows = rows
+        work.taken = work.settled = rows
+        work.pieces = [(0, rows, error)]
+        work.state = RequestState.ERROR
+        return work
 
     def __repr__(self) -> str:
         return f"<Work {self.id} {self.model} rows={self.rows} {self.state.name}>"

@@ -34,10 +34,12 @@ class Progress(Closing):
         interactive: bool | None = None,
         summary: bool = True,
         interval: float = 0.1,
+        done: int = 0,
     ) -> None:
         self.total = total
         self.label = label
-        self.count = 0
+        self.done = done  # units done before this run (a resumed job): counted, not timed
+        self.count = done
         self._stream = stream if stream is not None else sys.stderr
         self._live = self._stream.isatty() if interactive is None else interactive
         self._summary = summary
@@ -52,7 +54,7 @@ class Progress(Closing):
         work starts now: loading models was not progress)."""
         with self._lock:
             now = time.perf_counter()
-            if n == 0 and self.count == 0:
+            if n == 0 and self.count == self.done:
                 self._started = now
             self.count += n
             finished = self.total is not None and self.count >= self.total
@@ -89,11 +91,17 @@ class Progress(Closing):
             self._stream.flush()
 
     def line(self, now: float) -> str:
-        """`label: count/total in s (rate/s)`."""
+        """`label: count/total in s (rate/s, s left)`; units done before this run count
+        towards the total but not the rate (`N done before`)."""
         seconds = now - self._started
-        rate = self.count / seconds if seconds > 0 else 0.0
+        ran = self.count - self.done
+        rate = ran / seconds if seconds > 0 else 0.0
         done = f"{self.count}/{self.total}" if self.total else str(self.count)
-        return f"{self.label}: {done} in {seconds:.1f}s ({rate:.1f}/s)"
+        timing = f"{rate:.1f}/s"
+        if self.total and self.count < self.total:
+            timing += f", {(self.total - self.count) / rate:.0f}s left" if rate else ", ? left"
+        before = f", {self.done} done before" if self.done else ""
+        return f"{self.label}: {done} in {seconds:.1f}s ({timing}{before})"
 
     def _draw(self, now: float) -> None:
         text = self.line(now)

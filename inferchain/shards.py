@@ -1,0 +1,202 @@
+"""Results of a batch run as Parquet shards: tensors stay typed arrays, a kill loses no shard.
+
+`ShardedResults` is `inferchain run --format parquet`'s sink: results are gathered into
+shards of exactly `rows_per_file` rows (the last one of a run may hold fewer), each written
+to a temporary file, fsynced and renamed into place, so a shard under its final name is
+always whole: the shards are the manifest, and their `key` column says which inputs are done.
+Errors go to `errors.jsonl`, one flushed line each. `read_results` gives them back.
+
+Columns: `key` (the input's `input_key`), `file` (and `line`, `text` for one item per
+line), then the pipeline's `to_row`: an array of the same shape and dtype in every row is
+an Arrow fixed-shape tensor column (`arrow.fixed_shape_tensor`), a scalar a typed column,
+anything else what Arrow infers (lists, structs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Self, TextIO
+
+import numpy as np
+
+from inferchain.closing import Closing
+from inferchain.errors import ConfigError
+from inferchain.results import RESULTS, Mode
+
+ERRORS = "errors.jsonl"
+_PART = "part-{:05d}.parquet"
+_GLOB = "part-*.parquet"
+
+
+def arrow() -> tuple[ModuleType, ModuleType]:
+    """`pyarrow` and `pyarrow.parquet`, or a one-line ConfigError naming the extra."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(
+            "Parquet results need pyarrow: pip install 'inferchain[parquet]'"
+        ) from None
+    return pa, pq
+
+
+def shard_files(folder: Path) -> list[Path]:
+    """The whole shards in `folder`, in the order they were written."""
+    return sorted(folder.glob(_GLOB))
+
+
+class ShardedResults(Closing):
+    """Parquet shards and `errors.jsonl` in an output folder, opened in one of the modes of
+    `ResultsFile` (`new`, `overwrite`, `resume`: keep the shards, drop the errors and any
+    temporary file a kill left, skip the inputs the shards hold)."""
+
+    def __init__(self, folder: Path, mode: Mode = "new", rows_per_file: int = 4096) -> None:
+        if rows_per_file < 1:
+            raise ConfigError(f"--rows-per-file must be >= 1, got {rows_per_file}")
+        self.folder = folder
+        self.path = folder  # where the results are, for the closing line
+        self.mode = mode
+        self.rows_per_file = rows_per_file
+        self.done: set[str] = set()
+        self._rows: list[Mapping[str, Any]] = []  # results not yet in a shard
+        self._next = 0  # number of the next shard
+        self._errors: TextIO | None = None
+
+    def check(self) -> None:
+        """ConfigError when the mode is `new` and an earlier run's results are there."""
+        arrow()
+        if self.mode != "new":
+            return
+        earlier = [*shard_files(self.folder), self.folder / ERRORS, self.folder / RESULTS]
+        if any(p.is_file() and p.stat().st_size > 0 for p in earlier):
+            raise ConfigError(
+                f"{self.folder} holds an earlier run's results: pass --resume to skip the "
+                "inputs it has, --overwrite to start over, or another --output"
+            )
+
+    def open(self) -> Self:
+        """Prepare the folder as the mode says; open `errors.jsonl` (once)."""
+        if self._errors is not None:
+            return self
+        self.check()
+        _, pq = arrow()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for torn in self.folder.glob(_GLOB + ".tmp"):  # a shard a kill cut short
+            torn.unlink()
+        shards = shard_files(self.folder)
+        if self.mode == "resume":
+            for shard in shards:
+                keys = pq.read_table(shard, columns=["key"]).column("key").to_pylist()
+                self.done.update(keys)
+            self._next = int(shards[-1].name[5:10]) + 1 if shards else 0
+        else:
+            for shard in shards:
+                shard.unlink()
+        self._errors = (self.folder / ERRORS).open("w", encoding="utf-8")  # errors: retried
+        return self
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """One item's row (`key`, `file`, ... and its values), or its error line; a shard
+        is written as soon as `rows_per_file` rows are there."""
+        assert self._errors is not None, "open() first"
+        if "error" in record:
+            self._errors.write(json.dumps(dict(record), ensure_ascii=False) + "\n")
+            self._errors.flush()
+            return
+        self._rows.append(record)
+        if len(self._rows) >= self.rows_per_file:
+            self._write_shard()
+
+    def _write_shard(self) -> None:
+        _, pq = arrow()
+        table = to_table(self._rows)
+        final = self.folder / _PART.format(self._next)
+        temporary = final.with_name(final.name + ".tmp")
+        with temporary.open("wb") as sink:
+            pq.write_table(table, sink)
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.replace(temporary, final)
+        _fsync_dir(self.folder)  # the rename itself survives a power loss
+        self._next += 1
+        self._rows = []
+
+    def close(self) -> None:
+        """Write the rows left as a last, shorter shard; close `errors.jsonl`."""
+        if self._errors is None:
+            return
+        if self._rows:
+            self._write_shard()
+        self._errors.close()
+        self._errors = None
+
+    def __enter__(self) -> Self:
+        return self.open()
+
+
+def to_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """Rows (name -> value) as one pyarrow Table, columns in first-seen order."""
+    pa, _ = arrow()
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row))
+    columns = {name: _column(pa, [row.get(name) for row in rows]) for name in names}
+    return pa.table(columns)
+
+
+def _column(pa: ModuleType, values: list[Any]) -> Any:
+    """A fixed-shape tensor column where every value is an array of one shape and dtype
+    (a plain typed column for 0-d ones); else what Arrow infers."""
+    first = values[0]
+    if isinstance(first, np.ndarray | np.generic) and all(
+        isinstance(v, np.ndarray | np.generic) and v.shape == first.shape and v.dtype == first.dtype
+        for v in values
+    ):
+        stacked = np.stack([np.asarray(v) for v in values])
+        if stacked.ndim == 1:
+            return pa.array(stacked)
+        return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(stacked))
+    return pa.array([v.tolist() if isinstance(v, np.ndarray | np.generic) else v for v in values])
+
+
+def read_results(folder: str | Path) -> Any:
+    """The results of `inferchain run` in `folder` as one pyarrow Table, in the order they
+    were written: its Parquet shards, or else its `results.jsonl` (errors are not rows:
+    they are in `errors.jsonl` or on the lines with `error`). See `result_arrays`."""
+    pa, pq = arrow()
+    folder = Path(folder)
+    shards = shard_files(folder)
+    if shards:
+        return pa.concat_tables([pq.read_table(s) for s in shards])
+    lines = folder / RESULTS
+    if not lines.is_file():
+        raise ConfigError(f"{folder}: no results (no {_GLOB}, no {RESULTS})")
+    with lines.open(encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return pa.Table.from_pylist([r for r in records if "error" not in r])
+
+
+def result_arrays(table: Any) -> dict[str, np.ndarray]:
+    """Each column of a results table as a numpy array: a tensor column as one array of
+    shape (rows, *item shape) and its dtype, others as Arrow converts them."""
+    pa, _ = arrow()
+    arrays: dict[str, np.ndarray] = {}
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        if isinstance(column.type, pa.FixedShapeTensorType):
+            arrays[name] = column.to_numpy_ndarray()
+        else:
+            arrays[name] = column.to_numpy(zero_copy_only=False)
+    return arrays
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

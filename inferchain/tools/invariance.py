@@ -1,0 +1,213 @@
+"""Batch invariance: does a model give an item the same outputs whatever shares its batch?
+
+`inferchain compare --batch-invariance RECIPE` records the items the recipe's pipeline
+submits to each model over the recipe's own inputs (`capture_items`), then runs them again
+through the model in batches of exactly 1, a middle size and the maximum, in input order,
+and at the maximum in a shuffled order (`check_invariance`). Batches of one are the
+reference: each output of each item is compared with it, on the item's own part where a
+batch is padded to its longest row (the part of the shape both have). A model is invariant
+when every element is within `|x - ref| <= atol + rtol * |ref|`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from inferchain.config import load_recipe
+from inferchain.errors import ConfigError
+from inferchain.offline import OfflineInference
+from inferchain.tools.table import render
+
+Outputs = Mapping[str, np.ndarray]
+
+
+@attrs.frozen
+class RunDiff:
+    """One output of one model, run one way (e.g. `batch 64`, `shuffled, batch 256`),
+    against batches of one."""
+
+    model: str
+    output: str
+    run: str  # how the batches were made
+    max_abs: float  # the largest |x - ref| over every item's elements (inf: shapes differ)
+    identical: float  # share of items whose output is bit-identical to the reference
+    mismatched: int  # items with an element beyond tolerance
+    items: int
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatched == 0
+
+
+@attrs.frozen
+class InvarianceReport:
+    """What `check_invariance` found: a `RunDiff` per model, output and run."""
+
+    recipe: str
+    rtol: float
+    atol: float
+    diffs: tuple[RunDiff, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(d.passed for d in self.diffs)
+
+    def invariant(self, model: str) -> bool:
+        return all(d.passed for d in self.diffs if d.model == model)
+
+    def format(self) -> str:
+        """A table, then one verdict line per model."""
+        rows = [
+            [
+                d.model,
+                d.output,
+                d.run,
+                f"{d.max_abs:.2e}",
+                f"{d.identical:.1%}",
+                f"{d.mismatched}/{d.items}",
+                "ok" if d.passed else "FAIL",
+            ]
+            for d in self.diffs
+        ]
+        headers = ["model", "output", "batches", "max abs", "bit-identical", "beyond tol"]
+        verdicts = [
+            f"{m}: batch-invariant within tolerance"
+            if self.invariant(m)
+            else f"{m}: NOT batch-invariant (outputs depend on what shares the batch)"
+            for m in dict.fromkeys(d.model for d in self.diffs)
+        ]
+        return "\n".join(
+            [
+                f"recipe: {self.recipe}; reference: batches of 1",
+                f"tolerance: |x - ref| <= atol + rtol * |ref|, rtol {self.rtol:g}, "
+                f"atol {self.atol:g}",
+                "",
+                render([*headers, "result"], rows),
+                *verdicts,
+            ]
+        )
+
+
+@contextlib.contextmanager
+def capture_items(oi: OfflineInference) -> Iterator[dict[str, list[Any]]]:
+    """While in the block, every item submitted through `oi.submit` (a pipeline's
+    `self.submit`) is also kept, by model: model -> items in submission order."""
+    kept: dict[str, list[Any]] = {}
+    submit = oi.submit
+
+    def recording(model: str, inputs: Any, **options: Any) -> Any:
+        request = submit(model, inputs, **options)
+        kept.setdefault(model, []).append(inputs)
+        return request
+
+    oi.submit = recording  # type: ignore[method-assign]
+    try:
+        yield kept
+    finally:
+        del oi.submit  # the class's method again
+
+
+def check_invariance(
+    recipe: str | Path,
+    items: Mapping[str, Sequence[Any]],
+    *,
+    rtol: float = 1e-3,
+    atol: float = 1e-5,
+    seed: int = 0,
+) -> InvarianceReport:
+    """Run each model's `items` in batches of 1, a middle size and the maximum, and at the
+    maximum shuffled, and compare every run with the batches of 1."""
+    names = list(items)
+    base = load_recipe(recipe)
+    for name in names:
+        config = base.model(name)
+        if config.state or not config.max_batch_size:
+            raise ConfigError(
+                f"model {name!r}: batch invariance is checked for stateless models that batch "
+                "(no `state:`, max_batch_size >= 1)"
+            )
+    # fill batching: a batch is exactly the rows submitted together, sent by a flush
+    overrides = {name: {"batching": "fill", "warmup": False} for name in names}
+    check = load_recipe(recipe, models=overrides, pipeline=None)
+    diffs: list[RunDiff] = []
+    with OfflineInference(check) as oi:
+        for name in names:
+            rows = list(items[name])
+            if not rows:
+                continue
+            largest = check.model(name).batch_rows
+            reference = _run(oi, name, rows, 1)
+            runs = {f"batch {b}": _run(oi, name, rows, b) for b in _sizes(largest)[1:]}
+            order = np.random.default_rng(seed).permutation(len(rows))
+            shuffled = _run(oi, name, [rows[i] for i in order], largest)
+            back = [shuffled[j] for j in np.argsort(order)]
+            runs[f"shuffled, batch {largest}"] = back
+            for run, outputs in runs.items():
+                for output in reference[0]:
+                    diffs.append(_diff(name, output, run, reference, outputs, rtol, atol))
+    return InvarianceReport(str(recipe), rtol, atol, tuple(diffs))
+
+
+def _sizes(largest: int) -> list[int]:
+    return sorted({1, max(1, largest // 2), largest})
+
+
+def _run(oi: OfflineInference, model: str, rows: Sequence[Any], size: int) -> list[Outputs]:
+    """Each row's outputs, from batches of exactly `size` consecutive rows (the last one
+    shorter), each sent at once."""
+    outputs: list[Outputs] = []
+    for start in range(0, len(rows), size):
+        requests = oi.submit_many(model, rows[start : start + size])
+        oi.flush(steps=False, batches=True)
+        outputs.extend({k: np.array(v) for k, v in r.result().items()} for r in requests)
+    return outputs
+
+
+def _diff(
+    model: str,
+    output: str,
+    run: str,
+    reference: Sequence[Outputs],
+    outputs: Sequence[Outputs],
+    rtol: float,
+    atol: float,
+) -> RunDiff:
+    worst = 0.0
+    identical = mismatched = 0
+    for ref_row, row in zip(reference, outputs, strict=True):
+        ref, got = _same_part(ref_row[output], row[output])
+        if ref.shape != got.shape:
+            worst, mismatched = float("inf"), mismatched + 1
+            continue
+        if ref.tobytes() == got.tobytes():
+            identical += 1
+            continue
+        if np.issubdtype(ref.dtype, np.number):
+            delta = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+            worst = max(worst, float(np.nanmax(delta)) if delta.size else 0.0)
+            close = np.isclose(got, ref, rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            close = np.asarray(got == ref)
+        mismatched += int(not close.all())
+    share = identical / len(reference) if reference else 1.0
+    return RunDiff(model, output, run, worst, share, mismatched, len(reference))
+
+
+def _same_part(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both outputs cut to the shape they share (a padded batch's output is its envelope:
+    the item's own part comes first on every axis)."""
+    if ref.shape == got.shape or ref.ndim != got.ndim:
+        return ref, got
+    part = tuple(slice(0, min(a, b)) for a, b in zip(ref.shape, got.shape, strict=True))
+    return ref[part], got[part]
+
+
+def items_of(results: Iterable[Any]) -> int:
+    """Drain a pipeline's results (while `capture_items` records); how many there were."""
+    return sum(1 for _ in results)

