@@ -7,7 +7,6 @@ import sys
 
 import inferchain as ic
 
-
 # What users (OfflineInference, recipes, errors) and recipe authors (the pipeline base
 # classes, the generator type of `process`, steppers, a recipe's own modules) need: the
 # surface changes only on purpose.
