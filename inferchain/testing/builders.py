@@ -8,7 +8,7 @@ layer see the same records.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -80,11 +80,13 @@ def create_work(
     submitted: float = 0.0,
     admitted: float | None = None,
     per_item: bool = False,
+    on_cancel: Callable[[Request], None] | None = None,
 ) -> Work:
     """A WAITING Work of `rows` rows of float32[width] (row i holds id * 1000 + i; 4 * width
     bytes a row), batched under `key` (default: its own shape) and `batch_key` (default:
     the shape key). With `per_item`, one Request a row, numbered from `id` as
-    `OfflineInference` numbers them and tied to its row. With `admitted` (perf_counter s),
+    `OfflineInference` numbers them and tied to its row (`on_cancel`: whom a cancel tells,
+    e.g. `ExecutionEngine.cancelled`). With `admitted` (perf_counter s),
     the Work and its Requests are READY as the Scheduler leaves them then."""
     x = np.arange(rows * width, dtype=np.float32).reshape(rows, width) // width + id * 1000
     exact = ((width,),)
@@ -92,7 +94,8 @@ def create_work(
     requests = None
     if per_item:
         requests = tuple(
-            Request(id + i, model, (x[i],), priority=priority, depends_on=deps) for i in range(rows)
+            Request(id + i, model, (x[i],), priority=priority, depends_on=deps, on_cancel=on_cancel)
+            for i in range(rows)
         )
     work = Work(
         id,
