@@ -66,9 +66,11 @@ def test_fail_fast_while_unhealthy(mlp_path: Path) -> None:
         doomed = oi.submit("m", X)
         assert doomed.wait(10)
         assert backend.loads.wait_arrived(2)  # the worker re-initialises, held there
-        during = oi.submit_many("m", [X] * 5)
-        assert all(r.wait(10) for r in during)  # failed at once, not queued for the worker
-        backend.loads.open(2)
+        try:
+            during = oi.submit_many("m", [X] * 5)
+            assert all(r.wait(10) for r in during)  # failed at once, not queued for the worker
+        finally:
+            backend.loads.open(2)
         assert oi.wait_all(timeout=10)  # no worker re-initialising any more
         assert oi.infer("m", X)["y"].shape == (10,)  # recovered
     assert doomed.state is S.ERROR
