@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny real ONNX models, recipe builders, thread-leak checks."""
+"""Shared fixtures: tiny real ONNX models, recipe builders, a faulty backend around ONNX Runtime,
+thread-leak checks. Builders of the core's records (Works, batchers, schedulers) are in
+`inferchain.testing.builders`."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,10 @@ import pytest
 import structlog
 from hypothesis import HealthCheck, settings
 
+import inferchain as ic
+from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.config import Recipe
+from inferchain.testing.faults import FaultyBackend
 from inferchain.testing.onnx_models import write_accumulator, write_mlp, write_mlp64
 
 # The application configures logging, not the library: tests log warnings and up to stderr.
@@ -55,6 +61,18 @@ def recipe(*models: dict[str, Any], **top: Any) -> Recipe:
     return Recipe.from_dict(data)
 
 
+def mlp_recipe(path: Path, **model: Any) -> Recipe:
+    """The 64-wide MLP as model "m" (batches of 4) without warm-up, so that run numbers
+    count real batches only (`model` overrides its keys)."""
+    return recipe({"name": "m", "path": str(path), "max_batch_size": 4, "warmup": False, **model})
+
+
+def faulty(r: Recipe, **faults: Any) -> tuple[ic.OfflineInference, FaultyBackend]:
+    """An OfflineInference of `r` on ONNX Runtime behind a `FaultyBackend(**faults)`."""
+    backend = FaultyBackend(OnnxRuntimeBackend(r), **faults)
+    return ic.OfflineInference(r, backend=backend), backend
+
+
 ACC_WIDTH = 4  # the accumulator's: total = x + state, carried as stateN -> state
 
 
@@ -82,6 +100,18 @@ def acc_recipe(path: Path, **model: Any) -> Recipe:
 @pytest.fixture
 def make_recipe() -> Callable[..., Recipe]:
     return recipe
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """True once `condition()` holds, False if it did not within `timeout` seconds: for a
+    state that no event announces (a request admitted by the engine's loop)."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        pause.wait(0.001)
+    return True
 
 
 def inferchain_threads() -> list[threading.Thread]:

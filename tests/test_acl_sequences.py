@@ -4,14 +4,13 @@ of onnxruntime; the fake counts every copy."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import recipe
+from conftest import recipe, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -247,10 +246,8 @@ def test_a_step_queued_across_the_reload_fails_alone(acc16: Path) -> None:
         bad = failing.step({"x": one}, priority=1)  # a Work of its own: fails, re-load
         assert bad.wait(10) and bad.state is S.ERROR
         worker = oi._model("acc").workers[0]
-        deadline = time.perf_counter() + 10
-        while not (fake.call_count("mdl.load_from_file") == 2 and worker.healthy):
-            assert time.perf_counter() < deadline, "the model was not re-loaded"
-            time.sleep(0.001)
+        reloaded = wait_until(lambda: fake.call_count("mdl.load_from_file") == 2 and worker.healthy)
+        assert reloaded, "the model was not re-loaded"
         new = oi.sequence("acc")  # opened after the re-load, joins `pending`'s group
         fresh = new.step({"x": one})
         assert fresh.result(timeout=10)["total"][0] == 1
@@ -263,8 +260,9 @@ def test_a_step_queued_across_the_reload_fails_alone(acc16: Path) -> None:
 def test_steps_with_options_of_one_sequence_stay_in_one_batch(acc16: Path) -> None:
     """Steps given a priority are plain works that the batcher may join and split; a
     sequence's rows must not be split, or a reorder would read a slot already written."""
-    fake = FakeAcl(static_batch=2, compute_scale=5000.0)
-    recipe = acc(acc16, max_batch_size=2, max_sequences=4, streams=1, max_queue_delay_ms=1000)
+    fake = FakeAcl(static_batch=2)
+    window = 600_000  # ms: no partial batch goes for the window's sake, only full ones
+    recipe = acc(acc16, max_batch_size=2, max_sequences=4, streams=1, max_queue_delay_ms=window)
 
     def rows(*values: float) -> np.ndarray:
         return np.stack([np.full(W, v, np.float32) for v in values])
@@ -273,10 +271,12 @@ def test_steps_with_options_of_one_sequence_stay_in_one_batch(acc16: Path) -> No
         c, a, b = oi.sequence("acc"), oi.sequence("acc"), oi.sequence("acc", rows=2)
         for r in b.step_rows({"x": rows(1, 10)}):
             r.result()
+        held = fake.executes.hold_next()
         busy = c.step({"x": rows(0)[0]}, priority=1)  # keeps the worker busy meanwhile
-        time.sleep(0.02)
-        first = a.step({"x": rows(0)[0]}, priority=1)
+        assert fake.executes.wait_arrived(held)  # on the device, and stays there
+        first = a.step({"x": rows(0)[0]}, priority=1)  # both wait in one group behind it
         swapped = b.step_rows({"x": rows(0, 0)}, reorder=[1, 0], priority=1)
+        fake.executes.open(held)
         assert [r.result(timeout=60)["total"][0] for r in swapped] == [10, 1]
         assert busy.result(timeout=60) and first.result(timeout=60)
         for s in (a, b, c):

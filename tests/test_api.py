@@ -7,9 +7,9 @@ import sys
 
 import inferchain as ic
 
-# What users (OfflineInference, recipes, errors, a run's results read back) and recipe authors (the pipeline base
-# classes, the generator type of `process`, steppers, a recipe's own modules) need: the
-# surface changes only on purpose.
+# What users (OfflineInference, recipes, errors, a run's results read back) and recipe
+# authors (the pipeline base classes, the generator type of `process`, steppers, a recipe's
+# own modules) need: the surface changes only on purpose.
 PUBLIC = {
     "BackendError",
     "Closed",

@@ -3,7 +3,6 @@ shape strategy (a batch padded to its rows' envelope, with each input's own pad 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +52,8 @@ def test_full_batches_of_consecutive_rows_padded_to_their_longest(image_path: Pa
         reqs = [oi.submit("img", x) for x in xs]
         for r in reqs[:4]:
             r.result(timeout=10)
-        time.sleep(0.05)  # many batching windows: the last two still wait for a full batch
+        # the last two wait for a full batch, past any window (tests/test_engine.py steps
+        # the engine past it without threads)
         assert [r.state for r in reqs[4:]] == [S.READY, S.READY]
         oi.flush()
         for r in reqs[4:]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import recipe
+from conftest import faulty, mlp_recipe, recipe, wait_until
 
 import inferchain as ic
 from inferchain import RequestState as S
@@ -20,16 +20,11 @@ from inferchain.testing.faults import FaultyBackend
 X = np.ones(64, np.float32)
 
 
-def faulty(path: Path, slots: int | None = None, **faults: object) -> ic.OfflineInference:
-    model = {"name": "m", "path": str(path), "max_batch_size": 4, "warmup": False}
-    r = recipe(model if slots is None else {**model, "slots": slots})
-    return ic.OfflineInference(r, backend=FaultyBackend(OnnxRuntimeBackend(r), **faults))  # type: ignore[arg-type]
-
-
 def test_wait_and_as_completed_see_every_request(mlp_path: Path) -> None:
     xs = np.random.default_rng(1).standard_normal((60, 64)).astype(np.float32)
     (expected,) = ort.InferenceSession(str(mlp_path)).run(None, {"x": xs})
-    with faulty(mlp_path, fail_runs={3}) as oi:
+    oi, _ = faulty(mlp_recipe(mlp_path), fail_runs={3})
+    with oi:
         reqs = oi.submit_many("m", list(xs))
         done, not_done = cf.wait(reqs, timeout=30)
         assert not not_done and done == set(reqs)
@@ -43,13 +38,15 @@ def test_wait_and_as_completed_see_every_request(mlp_path: Path) -> None:
 
 
 def test_wait_returns_as_soon_as_one_finishes_or_fails(mlp_path: Path) -> None:
-    with faulty(mlp_path, fail_runs={2}, slow_runs={3}, run_delay_s=0.5) as oi:
+    oi, backend = faulty(mlp_recipe(mlp_path), fail_runs={2}, hold_runs={3})
+    with oi:
         oi.infer("m", X)  # run 1
         first = oi.submit("m", X)  # run 2 fails
         first.wait(10)
-        slow = oi.submit("m", X)  # run 3 is slow
+        slow = oi.submit("m", X)  # run 3 is held
         done, pending = cf.wait([first, slow], return_when=cf.FIRST_EXCEPTION, timeout=10)
         assert done == {first} and pending == {slow}
+        backend.runs.open(3)
         later = oi.submit("m", X)
         done, _ = cf.wait([slow, later], return_when=cf.FIRST_COMPLETED, timeout=10)
         assert done and done <= {slow, later}
@@ -57,10 +54,14 @@ def test_wait_returns_as_soon_as_one_finishes_or_fails(mlp_path: Path) -> None:
 
 
 def test_a_waiter_installed_before_the_end_is_woken(mlp_path: Path) -> None:
-    with faulty(mlp_path, slow_runs={1}, run_delay_s=0.2) as oi:
+    oi, backend = faulty(mlp_recipe(mlp_path), hold_runs={1})
+    with oi:
         reqs = oi.submit_many("m", [X] * 6)  # siblings share one lock: no self-deadlock
         waiting = threading.Thread(target=lambda: cf.wait(reqs, timeout=10))
         waiting.start()
+        assert wait_until(lambda: all(r._waiters for r in reqs))  # cf.wait's, on each
+        assert not any(r.done() for r in reqs)  # installed before any ended
+        backend.runs.open(1)
         waiting.join(10)
         assert not waiting.is_alive()
         assert all(r.state is S.DONE for r in reqs)
@@ -68,9 +69,10 @@ def test_a_waiter_installed_before_the_end_is_woken(mlp_path: Path) -> None:
 
 def test_cancel_result_exception_and_done_callbacks(mlp_path: Path) -> None:
     calls: list[tuple[int, bool]] = []
-    with faulty(mlp_path, slow_runs={1}, run_delay_s=0.3) as oi:
+    oi, backend = faulty(mlp_recipe(mlp_path, slots=1), hold_runs={1})
+    with oi:
         blocker = oi.submit("m", X)
-        queued = oi.submit_many("m", [X] * 8)
+        queued = oi.submit_many("m", [X] * 8)  # waits: the blocker holds the one slot
         victim = queued[-1]
         victim.add_done_callback(lambda r: calls.append((r.id, r.cancelled())))
         victim.add_done_callback(lambda r: 1 / 0)  # logged and ignored
@@ -79,6 +81,7 @@ def test_cancel_result_exception_and_done_callbacks(mlp_path: Path) -> None:
             victim.result()
         with pytest.raises(ic.RequestCancelled):
             victim.exception()
+        backend.runs.open(1)
         assert blocker.exception(timeout=10) is None
         assert oi.wait_all(timeout=10)
         late: list[int] = []
@@ -110,10 +113,10 @@ def test_requests_are_awaitable(mlp_path: Path) -> None:
 
 def test_a_cancelled_task_cancels_its_request(mlp_path: Path) -> None:
     async def main(oi: ic.OfflineInference) -> ic.Request:
-        oi.submit("m", X)  # run 1 is slow: what follows waits
+        oi.submit("m", X)  # run 1 is held: what follows waits
         req = oi.submit("m", X)
         task = asyncio.ensure_future(_await(req))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # the task runs up to its first wait: on the request
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -122,8 +125,10 @@ def test_a_cancelled_task_cancels_its_request(mlp_path: Path) -> None:
     async def _await(req: ic.Request) -> object:
         return await req
 
-    with faulty(mlp_path, slots=1, slow_runs={1}, run_delay_s=0.3) as oi:
+    oi, backend = faulty(mlp_recipe(mlp_path, slots=1), hold_runs={1})
+    with oi:
         req = asyncio.run(main(oi))
+        backend.runs.open(1)
         assert oi.wait_all(timeout=10)
     assert req.state is S.CANCELLED
 

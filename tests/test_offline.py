@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import inferchain_threads, recipe
+from conftest import inferchain_threads, recipe, wait_until
 
 import inferchain as ic
 from inferchain import RequestState as S
@@ -231,10 +230,8 @@ def test_close_from_another_thread_and_from_a_callback(mlp_path: Path) -> None:
     t.start()
     t.join(10)
     assert not t.is_alive()
-    deadline = time.monotonic() + 5
-    while inferchain_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)  # the callback thread exits right after close() returns inside it
-    assert not inferchain_threads()
+    # the callback thread exits right after close() returns inside it
+    assert wait_until(lambda: not inferchain_threads())
 
 
 def test_context_manager_closes_on_exception(mlp_path: Path, no_thread_leak: None) -> None:

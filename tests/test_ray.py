@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 import ray
 import ray.data
+from conftest import wait_until
 
 import inferchain as ic
 from inferchain.cli import main
@@ -182,11 +182,8 @@ def test_each_actor_closes_its_offline_inference_when_the_dataset_ends(tmp_path:
         batch_format="numpy",
     )
     assert len(ds.take_all()) == len(SAMPLES)
-    deadline = time.monotonic() + 60  # actors exit asynchronously after the last batch
-    while time.monotonic() < deadline:
-        if pids(tmp_path, "closed-") == pids(tmp_path, "started-"):
-            break
-        time.sleep(0.1)
+    # actors exit asynchronously after the last batch
+    wait_until(lambda: pids(tmp_path, "closed-") == pids(tmp_path, "started-"), timeout=60)
     assert pids(tmp_path, "started-") and pids(tmp_path, "closed-") == pids(tmp_path, "started-")
 
 

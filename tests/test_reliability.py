@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import recipe
+from conftest import faulty, recipe, wait_until
+from conftest import mlp_recipe as mlp
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -29,17 +29,6 @@ from inferchain import RequestState as S
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.testing.faults import FaultyBackend
 from inferchain.testing.onnx_models import write_mlp64
-
-
-def faulty(r: ic.Recipe, **faults: Any) -> tuple[ic.OfflineInference, FaultyBackend]:
-    backend = FaultyBackend(OnnxRuntimeBackend(r), **faults)
-    return ic.OfflineInference(r, backend=backend), backend
-
-
-def mlp(path: Path, **model: Any) -> ic.Recipe:
-    """The tiny model without warm-up, so run numbers count real batches only."""
-    return recipe({"name": "m", "path": str(path), "max_batch_size": 4, "warmup": False, **model})
-
 
 X = np.ones(64, np.float32)
 
@@ -72,16 +61,20 @@ def test_unhealthy_worker_is_reinitialised_and_recovers(mlp_path: Path) -> None:
 
 def test_fail_fast_while_unhealthy(mlp_path: Path) -> None:
     r = mlp(mlp_path, max_batch_size=1, health={"max_failures": 1, "while_unhealthy": "fail"})
-    oi, _ = faulty(r, fail_runs={1}, load_delay_s=0.5)
+    oi, backend = faulty(r, fail_runs={1}, hold_loads={2})
     with oi:
         doomed = oi.submit("m", X)
-        doomed.wait(10)
-        during = oi.submit_many("m", [X] * 5)  # the worker reloads for 0.5 s meanwhile
-        oi.wait_all()
+        assert doomed.wait(10)
+        assert backend.loads.wait_arrived(2)  # the worker re-initialises, held there
+        try:
+            during = oi.submit_many("m", [X] * 5)
+            assert all(r.wait(10) for r in during)  # failed at once, not queued for the worker
+        finally:
+            backend.loads.open(2)
+        assert oi.wait_all(timeout=10)  # no worker re-initialising any more
         assert oi.infer("m", X)["y"].shape == (10,)  # recovered
     assert doomed.state is S.ERROR
-    assert all(r.done() for r in during)
-    assert any("unhealthy" in str(r.error) for r in during if r.state is S.ERROR)
+    assert all(r.state is S.ERROR and "unhealthy" in str(r.error) for r in during)
 
 
 def test_a_dying_worker_strands_nothing(mlp_path: Path, no_thread_leak: None) -> None:
@@ -135,11 +128,14 @@ def test_non_contiguous_inputs_are_fine(mlp_path: Path) -> None:
 
 
 def test_priority_order_end_to_end(mlp_path: Path) -> None:
-    oi, _ = faulty(mlp(mlp_path, slots=1, max_batch_size=1), slow_runs={1}, run_delay_s=0.3)
+    """Requests that wait behind a running one are admitted by priority, then by id."""
+    oi, backend = faulty(mlp(mlp_path, slots=1, max_batch_size=1), hold_runs={1})
     with oi:
         blocker = oi.submit("m", X)
+        assert backend.runs.wait_arrived(1)  # the blocker runs and holds the one slot
         reqs = [oi.submit("m", X, priority=p) for p in (0, 2, 1, 2, 0)]
-        oi.wait_all()
+        backend.runs.open(1)
+        assert oi.wait_all(timeout=10)
     assert blocker.state is S.DONE
     order = sorted(reqs, key=lambda q: q.stamp(S.READY) or 0.0)
     assert [(q.priority, q.id) for q in order] == sorted(
@@ -147,49 +143,61 @@ def test_priority_order_end_to_end(mlp_path: Path) -> None:
     )
 
 
-def test_cancelling_the_last_ready_rows_settles_their_work_once(mlp_path: Path) -> None:
+def test_cancelling_the_last_ready_rows_settles_their_work_once(
+    mlp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_module, "QUEUE_MAX", 2)  # the worker holds two batches at most
     r = mlp(mlp_path, max_batch_size=1, max_queue_delay_ms=1000)
-    oi, backend = faulty(r, slow_runs={1, 2, 3}, run_delay_s=0.2)
+    oi, backend = faulty(r, hold_runs={1})
     with oi:
-        oi.submit("m", X).wait()  # one slow batch: the worker now holds two at most
-        busy = oi.submit_many("m", [X, X])
+        busy = oi.submit_many("m", [X, X])  # runs 1 and 2: all the worker takes
+        assert backend.runs.wait_arrived(1)
         pair = oi.submit_many("m", [X, X])  # admitted, READY behind the busy ones
-        deadline = time.monotonic() + 5
-        while pair[1].state is not S.READY and time.monotonic() < deadline:
-            time.sleep(0.001)
+        assert wait_until(lambda: pair[1].state is S.READY)
         assert [q.cancel() for q in pair] == [True, True]
+        backend.runs.open(1)
         assert oi.wait_all(timeout=10)
-        assert backend.counts["run"] == 3  # the cancelled rows never ran
+        assert backend.counts["run"] == 2  # the cancelled rows never ran
         assert oi.infer("m", X)["y"].shape == (10,)
     assert [q.state for q in busy] == [S.DONE, S.DONE]
     assert [q.state for q in pair] == [S.CANCELLED, S.CANCELLED]
 
 
 def test_a_failure_fails_a_whole_chain_of_dependents(mlp_path: Path) -> None:
-    oi, _ = faulty(mlp(mlp_path, max_batch_size=1), fail_runs={1}, slow_runs={1}, run_delay_s=0.2)
+    """Dependents that wait while their dependency runs fail in turn once it fails."""
+    oi, backend = faulty(mlp(mlp_path, max_batch_size=1), fail_runs={1}, hold_runs={1})
     with oi:
         first = oi.submit("m", X)
+        assert backend.runs.wait_arrived(1)
         chain = [first]
         for _ in range(3):
             chain.append(oi.submit("m", X, depends_on=[chain[-1]]))
+        backend.runs.open(1)  # run 1 fails only now: every dependent waits for it
         assert oi.wait_all(timeout=10)  # each failure ends the next dependent in turn
+    assert backend.counts["run"] == 1
     assert [q.state for q in chain] == [S.ERROR] * 4
     assert all(isinstance(q.error, ic.DependencyFailed) for q in chain[1:])
 
 
 def test_queue_full_and_blocking_submit(mlp_path: Path) -> None:
     r = recipe(
-        {"name": "m", "path": str(mlp_path), "max_batch_size": 1, "slots": 1},
+        {"name": "m", "path": str(mlp_path), "max_batch_size": 1, "slots": 1, "warmup": False},
         scheduler={"max_queue_size": 2},
     )
-    oi, _ = faulty(r, slow_runs={1}, run_delay_s=0.3)
+    oi, backend = faulty(r, hold_runs={1})
     with oi:
         oi.submit("m", X)
-        oi.submit_many("m", [X, X])  # may take a moment to be admitted
+        assert backend.runs.wait_arrived(1)  # admitted and running: it holds the one slot
+        oi.submit_many("m", [X, X])  # two rows wait: the queue is full
         with pytest.raises(ic.QueueFull):
-            for _ in range(5):
-                oi.submit("m", X, block=False)
-        assert oi.submit("m", X).result(timeout=10)["y"].shape == (10,)  # blocks, then runs
+            oi.submit("m", X, block=False)
+        blocked: list[ic.Request] = []
+        submitter = threading.Thread(target=lambda: blocked.append(oi.submit("m", X)))
+        submitter.start()  # blocks: no row can leave the queue while run 1 is held
+        assert not blocked
+        backend.runs.open(1)
+        submitter.join(10)
+        assert blocked and blocked[0].result(timeout=10)["y"].shape == (10,)  # then it runs
 
 
 def test_close_under_load_from_another_thread(mlp_path: Path, no_thread_leak: None) -> None:
@@ -359,15 +367,18 @@ def test_a_stream_on_an_idle_model_runs_on_the_callers_thread(
     assert stats.requests == 40 and stats.batch_sizes == {4: 10}
 
 
-def test_a_stream_hands_its_rows_to_the_loop_once_batches_are_slow(mlp_path: Path) -> None:
+def test_a_stream_hands_its_rows_to_the_loop_once_batches_are_slow(
+    mlp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_module, "INLINE_S", 0.0)  # any batch measured is "long"
     xs = np.random.default_rng(6).standard_normal((40, 64)).astype(np.float32)
     (expected,) = ort.InferenceSession(str(mlp_path)).run(None, {"x": xs})
-    oi, backend = faulty(mlp(mlp_path), slow_runs={1}, run_delay_s=0.01)
+    oi, backend = faulty(mlp(mlp_path))
     with oi:
         got = np.stack([m["y"] for m in oi.map("m", xs)])
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     threads = backend.run_threads
-    assert threads[0] == "MainThread"  # nothing measured yet; then it took 10 ms
+    assert threads[0] == "MainThread"  # nothing measured yet; then it took longer than that
     assert set(threads[1:]) == {"inferchain-worker-m#0"} and len(threads) == 10
 
 

@@ -4,8 +4,8 @@ deadlines; then the real Scheduler beside a tiny model of it, driven as the engi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -18,12 +18,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-from inferchain.config import ModelConfig, SchedulerConfig
 from inferchain.core.records import EMPTY_PLAN
 from inferchain.core.request import Request, RequestState
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.work import Work
 from inferchain.errors import DependencyFailed, RequestCancelled
+from inferchain.testing import builders
 
 S = RequestState
 SLOTS = {"a": 2, "b": 3}
@@ -38,54 +38,17 @@ def create_scheduler(
     aging_s: float | None = None,
     budgets: Mapping[str, int | None] | None = None,
 ) -> Scheduler:
-    """A Scheduler over models named by `slots` (name -> rows admitted at once)."""
-    models = [ModelConfig(name=n, path="unused", slots=k) for n, k in slots.items()]
-    return Scheduler(SchedulerConfig(aging_s=aging_s), models, budgets)
+    """A Scheduler over models "a" and "b" by default."""
+    return builders.create_scheduler(slots, aging_s=aging_s, budgets=budgets)
 
 
 def create_request(id: int, model: str = "a") -> Request:
-    """A standalone WAITING request, for use as a dependency."""
-    return Request(id, model, (np.zeros(2, np.float32),))
+    return builders.create_request(id, model)
 
 
-def create_work(
-    id: int,
-    model: str = "a",
-    *,
-    rows: int = 1,
-    priority: int = 0,
-    deadline: float | None = None,
-    depends_on: Sequence[Request] = (),
-    submitted: float = 0.0,
-    row_bytes: int = 4,
-    per_item: bool = False,
-) -> Work:
-    """A Work of `rows` tiny rows (`row_bytes` bytes each); with `per_item`, one Request a
-    row, numbered from `id` like `OfflineInference` numbers them."""
-    x = np.zeros((rows, row_bytes), np.uint8)
-    requests = None
-    if per_item:
-        requests = tuple(
-            Request(id + i, model, (x[i],), priority=priority, depends_on=tuple(depends_on))
-            for i in range(rows)
-        )
-    work = Work(
-        id,
-        model,
-        (x,),
-        shape_key=((row_bytes,),),
-        exact=((row_bytes,),),
-        names=("y",),
-        submitted=submitted,
-        priority=priority,
-        deadline=deadline,
-        depends_on=tuple(depends_on),
-        requests=requests,
-    )
-    for i, r in enumerate(requests or ()):
-        r.work = work
-        r.row = i
-    return work
+def create_work(id: int, model: str = "a", **keys: Any) -> Work:
+    """`builders.create_work` for the models of these tests."""
+    return builders.create_work(id, model, **keys)
 
 
 def end_request(r: Request, state: RequestState) -> None:
@@ -207,7 +170,7 @@ def test_a_full_model_does_not_hold_back_another_model() -> None:
 
 def test_memory_budget_limits_the_bytes_admitted_at_once() -> None:
     scheduler = create_scheduler({"a": 10}, budgets={"a": 2**20})
-    works = [create_work(i, row_bytes=400_000) for i in range(1, 5)]
+    works = [create_work(i, width=100_000) for i in range(1, 5)]
     for w in works:
         scheduler.add(w)
     assert ids(scheduler.schedule(0.0).admitted) == [1, 2]  # 3 x 400 kB > 1 MiB
@@ -217,10 +180,10 @@ def test_memory_budget_limits_the_bytes_admitted_at_once() -> None:
 
 def test_a_work_over_the_memory_budget_runs_alone_and_other_models_are_not_limited() -> None:
     scheduler = create_scheduler({"a": 10, "b": 10}, budgets={"a": 1000})
-    scheduler.add(create_work(1, "a", row_bytes=5000))
-    scheduler.add(create_work(2, "a", row_bytes=10))
-    scheduler.add(create_work(3, "b", row_bytes=5000))
-    scheduler.add(create_work(4, "b", row_bytes=5000))
+    scheduler.add(create_work(1, "a", width=1250))
+    scheduler.add(create_work(2, "a", width=2))
+    scheduler.add(create_work(3, "b", width=1250))
+    scheduler.add(create_work(4, "b", width=1250))
     assert sorted(ids(scheduler.schedule(0.0).admitted)) == [1, 3, 4]
 
 
@@ -598,7 +561,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             rows=rows,
             priority=priority,
             depends_on=depends_on,
-            row_bytes=8 if wide else 4,
+            width=2 if wide else 1,
             per_item=per_item,
         )
         self.next_id += rows

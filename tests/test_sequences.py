@@ -158,11 +158,13 @@ def test_bad_steps_fail_at_submit_and_nothing_else(acc_path: Path) -> None:
 
 def test_steps_run_one_after_the_other(acc_path: Path) -> None:
     r = acc_recipe(acc_path)
-    backend = FaultyBackend(OnnxRuntimeBackend(r), slow_runs={1}, run_delay_s=0.2)
+    backend = FaultyBackend(OnnxRuntimeBackend(r), hold_runs={1})
     with ic.OfflineInference(r, backend=backend) as oi, oi.sequence("acc") as seq:
         first = seq.step({"x": np.ones(W, np.float32)})
+        assert backend.runs.wait_arrived(1)  # step 1 runs, and cannot end before it is let go
         with pytest.raises(ic.InvalidInput, match="before step 1 ended"):
             seq.step({"x": np.ones(W, np.float32)})
+        backend.runs.open(1)
         first.result(timeout=10)
 
 
@@ -273,8 +275,3 @@ def test_sequence_state_machine(acc_path: Path) -> None:
     run_state_machine_as_test(
         SequenceMachine, settings=settings(max_examples=15, stateful_step_count=20, deadline=None)
     )
-
-
-def test_the_sequence_api_is_exported() -> None:
-    assert ic.LiveSequence.__name__ == "LiveSequence"
-    assert S.DONE.is_terminal

@@ -2,14 +2,15 @@
 
 `FaultyBackend(inner)` loads real sessions through `inner` (e.g. ONNX Runtime) and makes
 them fail on demand: a `BackendError` on chosen runs or with a probability, a load failure,
-or a `WorkerKilled` (a BaseException, like a crash of the worker thread).
+or a `WorkerKilled` (a BaseException, like a crash of the worker thread). It also orders
+things for a test without sleeps: a run or a load it holds waits at a `Gates` gate until the
+test opens it (`inferchain.testing.gates`), and the test can wait until that run has begun.
 """
 
 from __future__ import annotations
 
 import random
 import threading
-import time
 from collections.abc import Collection, Sequence
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig
 from inferchain.errors import BackendError, LoadError
+from inferchain.testing.gates import Gates
 
 
 class WorkerKilled(BaseException):
@@ -55,8 +57,12 @@ class FaultyBackend(Backend):
     - `fail_p`: probability that any run raises it (seeded by `seed`);
     - `kill_runs`: run numbers that raise `WorkerKilled` instead;
     - `fail_loads`: 1-based numbers of `load` calls that raise `LoadError`;
-    - `load_delay_s`: sleep in every load after the first (a slow re-initialisation);
-    - `slow_runs` / `run_delay_s`: run numbers that sleep first (a long batch).
+    - `hold_runs`: run numbers that wait at a gate until the test opens it (a long batch):
+      `runs.wait_arrived(n)` waits until run n has begun, `runs.open(n)` lets it go on;
+    - `hold_loads`: the same for loads (`loads`; e.g. a re-initialisation in progress).
+
+    A held run or load not opened within `HOLD_TIMEOUT_S` fails (`BackendError` named
+    "HELD", `LoadError`), so a test that forgets one ends instead of hanging.
     """
 
     def __init__(
@@ -67,9 +73,8 @@ class FaultyBackend(Backend):
         fail_p: float = 0.0,
         kill_runs: Collection[int] = (),
         fail_loads: Collection[int] = (),
-        load_delay_s: float = 0.0,
-        slow_runs: Collection[int] = (),
-        run_delay_s: float = 0.0,
+        hold_runs: Collection[int] = (),
+        hold_loads: Collection[int] = (),
         seed: int = 0,
     ) -> None:
         self.name = f"faulty-{inner.name}"
@@ -79,9 +84,8 @@ class FaultyBackend(Backend):
         self.fail_p = fail_p
         self.kill_runs = set(kill_runs)
         self.fail_loads = set(fail_loads)
-        self.load_delay_s = load_delay_s
-        self.slow_runs = set(slow_runs)
-        self.run_delay_s = run_delay_s
+        self.runs = Gates(hold_runs)  # every run passes here, in run order
+        self.loads = Gates(hold_loads)  # every load passes here, in load order
         self.counts: dict[str, int] = {"load": 0, "run": 0, "close": 0, "failed": 0}
         self.run_threads: list[str] = []  # the thread each run was called on, in run order
         self._rng = random.Random(seed)
@@ -97,8 +101,8 @@ class FaultyBackend(Backend):
             self.counts["run"] += 1
             n = self.counts["run"]
             self.run_threads.append(threading.current_thread().name)
-        if n in self.slow_runs:
-            time.sleep(self.run_delay_s)
+        if not self.runs.arrive(n):
+            raise BackendError(f"run {n} was held and never let go", code=500000, name="HELD")
         if n in self.kill_runs:
             raise WorkerKilled(f"injected crash on run {n}")
         with self._lock:
@@ -109,8 +113,8 @@ class FaultyBackend(Backend):
 
     def load(self, model: ModelConfig, device: int) -> Session:
         n = self.count("load")
-        if n > 1 and self.load_delay_s:
-            time.sleep(self.load_delay_s)
+        if not self.loads.arrive(n):
+            raise LoadError(f"load {n} was held and never let go", code=500000, name="HELD")
         if n in self.fail_loads:
             raise LoadError(f"injected load failure on load {n}", code=500000, name="INJECTED")
         return FaultySession(self.inner.load(model, device), self)

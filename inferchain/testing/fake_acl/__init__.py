@@ -44,7 +44,9 @@ Device time: an async copy takes `count / copy_bandwidth` seconds (default 16 GB
 4.0 x16 link; None = instant) on its stream's thread, one copy at a time per direction and
 device (the copy engines); compute is the ONNX Runtime run on the stream's thread, stretched
 by `compute_scale`. Events and waits follow stream order. `slices` lists every copy and
-compute as (stream, kind, start, end) for traces.
+compute as (stream, kind, start, end) for traces. Every execution passes the gates
+`executes` (`inferchain.testing.gates`) first: a test holds one shut to keep the device
+busy for as long as it needs, and opens it.
 
 Arguments are parsed as pyACL's C wrappers do (`fake_acl._args`): positional only, pointers
 and sizes must be Python ints (numpy ints are a TypeError), `init()`'s path is a str or
@@ -150,6 +152,7 @@ from inferchain.testing.fake_acl._model import (
 )
 from inferchain.testing.fake_acl._report import ThreadUtil
 from inferchain.testing.fake_acl._rt import FakeRt, Stream
+from inferchain.testing.gates import Gates
 
 if TYPE_CHECKING:
     from inferchain.config import Recipe
@@ -454,6 +457,12 @@ class FakeAcl(Namespace):
         """What stream callbacks raised (pyACL logs and drops them), in order (a copy)."""
         with self._state.lock:
             return list(self._state.callback_errors)
+
+    @property
+    def executes(self) -> Gates:
+        """The gates every model execution passes before it computes, numbered from 1 in
+        the order they start (hold one to keep its stream busy until the test opens it)."""
+        return self._state.executes
 
     @property
     def executions(self) -> list[Execution]:

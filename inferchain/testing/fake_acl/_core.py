@@ -21,6 +21,7 @@ import attrs
 
 from inferchain.testing.fake_acl._args import parse
 from inferchain.testing.fake_acl._order import Clock
+from inferchain.testing.gates import Gates
 
 if TYPE_CHECKING:
     from inferchain.testing.fake_acl._mdl import Dataset, Desc, Execution, LoadedModel
@@ -187,6 +188,7 @@ class State:
         self.copied: Counter[str] = Counter()  # direction -> their bytes
         self.copy_bandwidth: float | None = None  # bytes per second; None = instant
         self.compute_scale: float = 1.0  # simulated compute = ONNX Runtime time x this
+        self.executes = Gates()  # every model execution passes here before it computes
         self.engines: dict[tuple[int, str], threading.Lock] = {}  # (device, direction)
         # callbacks: report threads (acl.util.start_thread) and stream subscriptions
         self.threads: dict[int, threading.Thread] = {}  # thread id -> its thread

@@ -33,6 +33,7 @@ from inferchain.testing.fake_acl._core import (
     GE_DYNAMIC_BATCH_SIZE_INVALID,
     GE_PARAM_INVALID,
     GE_SHAPE_INVALID,
+    INTERNAL_ERROR,
     INVALID_MODEL_ID,
     INVALID_PARAM,
     INVALID_RESOURCE_HANDLE,
@@ -505,6 +506,8 @@ class FakeMdl(Namespace):
     def _run(self, model: LoadedModel, inputs: Slots, outputs: Slots, stream: int) -> None:
         """The device side: read inputs, run the ONNX model, write outputs."""
         st, compiled = self._state, model.compiled
+        if not st.executes.arrive():  # a gate the test held and never opened
+            raise Fail(INTERNAL_ERROR, "the execution was held and never let go")
         started = time.perf_counter()
         gear = compiled.largest_gear
         if compiled.batch_gears or compiled.hw_gears or compiled.dims_gears:

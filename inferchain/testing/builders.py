@@ -1,0 +1,122 @@
+"""Builders of the core's records for tests that drive its layers without threads.
+
+The batcher, the Scheduler and the engine's step are tested through these, as vLLM tests its
+scheduler through `create_scheduler` / `create_requests`: one place builds a Work the way
+`OfflineInference` does (ids, per-item Requests tied to their rows), so the tests of every
+layer see the same records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from inferchain.config import ModelConfig, SchedulerConfig
+from inferchain.core.batcher import ModelBatcher
+from inferchain.core.records import ShapeKey
+from inferchain.core.request import Request, RequestState
+from inferchain.core.scheduler import Scheduler
+from inferchain.core.work import Work
+
+S = RequestState
+
+
+def create_model(
+    name: str = "m",
+    *,
+    max_batch: int = 4,
+    delay_ms: float = 50.0,
+    batching: str = "window",
+    slots: int | None = None,
+) -> ModelConfig:
+    """A model's config as the core reads it (its file is never opened); `slots` as the
+    recipe's key (default: the recipe's default)."""
+    model = ModelConfig(
+        name=name,
+        path="unused",
+        max_batch_size=max_batch,
+        max_queue_delay_ms=delay_ms,
+        batching=batching,
+    )
+    return model if slots is None else attrs.evolve(model, slots=slots)
+
+
+def create_batcher(
+    max_batch: int = 4, delay_ms: float = 50.0, batching: str = "window"
+) -> ModelBatcher:
+    """The batcher of model "m"."""
+    return ModelBatcher(create_model(max_batch=max_batch, delay_ms=delay_ms, batching=batching))
+
+
+def create_scheduler(
+    slots: Mapping[str, int],
+    *,
+    aging_s: float | None = None,
+    budgets: Mapping[str, int | None] | None = None,
+) -> Scheduler:
+    """A Scheduler over models named by `slots` (name -> rows admitted at once)."""
+    models = [ModelConfig(name=n, path="unused", slots=k) for n, k in slots.items()]
+    return Scheduler(SchedulerConfig(aging_s=aging_s), models, budgets)
+
+
+def create_request(id: int, model: str = "m") -> Request:
+    """A standalone WAITING request, for use as a dependency."""
+    return Request(id, model, (np.zeros(2, np.float32),))
+
+
+def create_work(
+    id: int,
+    model: str = "m",
+    *,
+    rows: int = 1,
+    width: int = 4,
+    key: ShapeKey | None = None,
+    batch_key: Hashable = None,
+    priority: int = 0,
+    deadline: float | None = None,
+    depends_on: Sequence[Request] = (),
+    submitted: float = 0.0,
+    admitted: float | None = None,
+    per_item: bool = False,
+    on_cancel: Callable[[Request], None] | None = None,
+) -> Work:
+    """A WAITING Work of `rows` rows of float32[width] (row i holds id * 1000 + i; 4 * width
+    bytes a row), batched under `key` (default: its own shape) and `batch_key` (default:
+    the shape key). With `per_item`, one Request a row, numbered from `id` as
+    `OfflineInference` numbers them and tied to its row (`on_cancel`: whom a cancel tells,
+    e.g. `ExecutionEngine.cancelled`). With `admitted` (perf_counter s),
+    the Work and its Requests are READY as the Scheduler leaves them then."""
+    x = np.arange(rows * width, dtype=np.float32).reshape(rows, width) // width + id * 1000
+    exact = ((width,),)
+    deps = tuple(depends_on)
+    requests = None
+    if per_item:
+        requests = tuple(
+            Request(id + i, model, (x[i],), priority=priority, depends_on=deps, on_cancel=on_cancel)
+            for i in range(rows)
+        )
+    work = Work(
+        id,
+        model,
+        (x,),
+        shape_key=exact if key is None else key,
+        exact=exact,
+        names=("y",),
+        submitted=submitted,
+        batch_key=batch_key,
+        priority=priority,
+        deadline=deadline,
+        depends_on=deps,
+        requests=requests,
+    )
+    for i, r in enumerate(requests or ()):
+        r.work = work
+        r.row = i
+    if admitted is not None:
+        work.state = S.READY
+        work.admitted = admitted
+        for r in requests or ():
+            r.transition(S.READY)
+    return work

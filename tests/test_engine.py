@@ -1,0 +1,265 @@
+"""The ExecutionEngine's step without threads: what it dispatches, and what it does with the
+results posted back.
+
+The loop thread is never started: the test calls `_step(now)` under the engine's lock, as the
+loop does, at the times it chooses, with the real Scheduler and ModelBatcher and a fake worker
+that records the batches it is handed. Results are posted as a worker posts them
+(`engine.post(BatchResult(...))`), so every interleaving here is the test's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+import inferchain.core.engine as engine_module
+from inferchain.config import ModelConfig, SchedulerConfig
+from inferchain.core.engine import ExecutionEngine
+from inferchain.core.records import Batch, BatchResult, BatchTiming
+from inferchain.core.request import Request, RequestState
+from inferchain.core.scheduler import Scheduler
+from inferchain.core.work import Work
+from inferchain.errors import BackendError
+from inferchain.metrics import Metrics
+from inferchain.shapes import ShapePolicy
+from inferchain.tensors import TensorDesc
+from inferchain.testing.builders import create_model, create_work
+
+S = RequestState
+T0 = 100.0  # perf_counter seconds of the first step
+WINDOW = 0.05  # seconds: the models' max_queue_delay_ms
+
+
+class FakeWorker:
+    """What the engine reads of a ModelWorker; it keeps the batches it is handed."""
+
+    def __init__(self, index: int, num_streams: int = 1) -> None:
+        self.index = index
+        self.name = f"m#{index}"
+        self.num_streams = num_streams
+        self.healthy = True
+        self.dead = False
+        self.batches: list[Batch] = []
+
+    def dispatch(self, batch: Batch) -> None:
+        self.batches.append(batch)
+
+    def stop(self) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+
+class Harness:
+    """One model "m" (x f32[N, 4] -> y f32[N, 4]) on fake workers, stepped by the test."""
+
+    def __init__(self, model: ModelConfig, workers: int = 1) -> None:
+        self.engine = ExecutionEngine(Metrics([model.name]), max_queue_size=1000)
+        self.workers = [FakeWorker(i) for i in range(workers)]
+        desc = [TensorDesc("x", (None, 4), np.float32)]
+        shapes = ShapePolicy(model, desc, [TensorDesc("y", (None, 4), np.float32)])
+        # what `start()` sets, without starting the loop and callback threads
+        self.engine._scheduler = Scheduler(SchedulerConfig(), [model])
+        self.engine._models = {
+            model.name: engine_module._Model(model, self.workers, shapes)  # type: ignore[arg-type]
+        }
+        self.next_id = 1
+
+    def work(self, rows: int = 1, *, per_item: bool = True, at: float = T0) -> Work:
+        """Submit a Work of `rows` rows (ids as OfflineInference numbers them)."""
+        work = create_work(
+            self.next_id,
+            rows=rows,
+            submitted=at,
+            per_item=per_item,
+            on_cancel=self.engine.cancelled,
+        )
+        self.next_id += rows
+        if not per_item:
+            work.arm()
+        self.engine.submit(work, block=False)
+        return work
+
+    def step(self, now: float) -> float | None:
+        """One step of the loop at `now`, on the test's thread: no engine thread ever ran."""
+        assert self.engine._thread.ident is None and self.engine._callbacks._thread.ident is None
+        with self.engine._lock:
+            return self.engine._step(now)
+
+    def dispatched(self) -> list[Batch]:
+        """Every batch handed to any worker, in order."""
+        return [b for w in self.workers for b in w.batches]
+
+    def finish(self, batch: Batch, *, error: BaseException | None = None) -> None:
+        """Post the result of `batch` as its worker would: y = x + 0.5 of every row, or
+        `error` for the whole batch."""
+        outputs = None
+        if error is None:
+            rows = [s.work.inputs[0][s.start : s.stop] for s in batch.slices]
+            outputs = (np.concatenate(rows) + np.float32(0.5),)
+        t = batch.dispatched
+        timing = BatchTiming(batch.model, f"m#{batch.worker}", batch.rows, batch.shape_key,
+                             error is None, t, t, t, t)  # fmt: skip
+        self.engine.post(BatchResult(batch, outputs, error, timing))
+
+
+def spans(batches: Sequence[Batch]) -> list[list[tuple[int, int, int]]]:
+    """Per batch: (work id, start, stop) of each slice."""
+    return [[(s.work.id, s.start, s.stop) for s in b.slices] for b in batches]
+
+
+def own_row(r: Request) -> np.ndarray:
+    """What `Harness.finish` computes for request `r`: its row (id * 1000 + row) + 0.5."""
+    assert r.work is not None
+    return np.full(4, r.work.id * 1000 + r.row + 0.5, np.float32)
+
+
+# -- when a batch goes ------------------------------------------------------------------------
+
+
+def test_a_full_batch_is_dispatched_at_once_even_inside_the_window_of_a_busy_model() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3))
+    h.work(1)
+    h.step(T0)  # an idle model: the lone row goes at once
+    assert spans(h.dispatched()) == [[(1, 0, 1)]]
+    h.work(4, at=T0 + 0.001)
+    h.step(T0 + 0.001)  # busy now, and inside the window: but the batch is full
+    assert spans(h.dispatched()) == [[(1, 0, 1)], [(2, 0, 4)]]
+
+
+def test_a_partial_batch_goes_at_once_on_an_idle_model_with_batching_window() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3, batching="window"))
+    h.work(2)
+    assert h.step(T0) is None  # nothing left to wait for
+    assert spans(h.dispatched()) == [[(1, 0, 2)]]
+
+
+def test_a_partial_batch_waits_for_the_window_while_the_model_is_busy() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3, batching="window"))
+    h.work(1)
+    h.step(T0)
+    h.work(2, at=T0)
+    assert h.step(T0) is not None  # admitted now; it wakes for the window's end
+    assert h.step(T0 + WINDOW / 2) is not None
+    assert len(h.dispatched()) == 1
+    h.step(T0 + WINDOW)
+    assert spans(h.dispatched()) == [[(1, 0, 1)], [(2, 0, 2)]]
+
+
+def test_a_partial_batch_waits_for_the_window_on_an_idle_model_with_batching_wait() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3, batching="wait"))
+    h.work(2)
+    assert h.step(T0) is not None
+    assert h.step(T0 + WINDOW / 2) is not None
+    assert h.dispatched() == []
+    h.step(T0 + WINDOW)
+    assert spans(h.dispatched()) == [[(1, 0, 2)]]
+
+
+def test_batching_fill_sends_a_partial_batch_only_when_flushed_however_long_it_waits() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3, batching="fill"))
+    h.work(2)
+    for now in (T0, T0 + WINDOW, T0 + 100 * WINDOW):
+        assert h.step(now) is None  # no window to wake for: only a flush sends it
+    assert h.dispatched() == []
+    h.engine.flush()
+    h.step(T0 + 100 * WINDOW)
+    assert spans(h.dispatched()) == [[(1, 0, 2)]]
+
+
+def test_rows_of_several_works_share_a_batch_and_a_long_work_spans_batches() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3, batching="wait"))
+    h.work(3)
+    h.work(6)
+    h.step(T0)  # admitted: the window runs from now
+    h.step(T0 + WINDOW)
+    assert spans(h.dispatched()) == [[(1, 0, 3), (4, 0, 1)], [(4, 1, 5)], [(4, 5, 6)]]
+
+
+# -- what comes back --------------------------------------------------------------------------
+
+
+def test_results_reach_the_requests_and_the_bulk_work_of_their_rows() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3, batching="wait"))
+    items = h.work(3)
+    bulk = h.work(3, per_item=False)
+    requests = items.requests
+    assert requests is not None
+    h.step(T0)
+    h.step(T0 + WINDOW)
+    batches = h.dispatched()
+    assert spans(batches) == [[(1, 0, 3), (4, 0, 1)], [(4, 1, 3)]]
+    for b in reversed(batches):  # in any order
+        h.finish(b)
+    h.step(T0 + WINDOW)
+    for r in requests:
+        assert r.state is S.DONE
+        np.testing.assert_array_equal(r.outputs["y"], own_row(r))  # type: ignore[index]
+    assert bulk.wait(0) and bulk.state is S.DONE
+    got = np.stack([item["y"] for item in bulk.items()])  # type: ignore[index]
+    np.testing.assert_array_equal(got, np.arange(3)[:, None] + np.full((3, 4), 4000.5))
+    assert h.engine.wait_all(0)
+    assert h.engine.live == {}
+
+
+def test_a_failed_batch_fails_exactly_its_rows() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3, batching="wait"))
+    first, second = h.work(2), h.work(5)
+    assert first.requests is not None and second.requests is not None
+    rows = [*first.requests, *second.requests]
+    h.step(T0)
+    h.step(T0 + WINDOW)
+    failing, passing = h.dispatched()
+    assert spans([failing, passing]) == [[(1, 0, 2), (3, 0, 2)], [(3, 2, 5)]]
+    error = BackendError("the device failed", code=507011, name="ACL_ERROR_RT_AICORE_EXCEPTION")
+    h.finish(failing, error=error)
+    h.finish(passing)
+    h.step(T0 + WINDOW)
+    assert first.done and second.done
+    assert [r.state for r in rows] == [S.ERROR] * 4 + [S.DONE] * 3
+    assert all(r.error is error for r in rows[:4])
+    for r in rows[4:]:
+        np.testing.assert_array_equal(r.outputs["y"], own_row(r))  # type: ignore[index]
+
+
+def test_a_cancelled_ready_request_is_not_dispatched_and_its_work_still_settles() -> None:
+    h = Harness(create_model(max_batch=8, delay_ms=WINDOW * 1e3))
+    h.work(1)
+    h.step(T0)  # the model is busy from now on
+    partly, wholly = h.work(3), h.work(2)
+    h.step(T0)
+    assert len(h.dispatched()) == 1
+    assert partly.requests is not None and wholly.requests is not None
+    ready = [*partly.requests, *wholly.requests]
+    assert {r.state for r in ready} == {S.READY}  # admitted, waiting for the window
+    assert ready[1].cancel()
+    assert all(r.cancel() for r in wholly.requests)
+    h.step(T0 + WINDOW)
+    assert spans(h.dispatched()[1:]) == [[(2, 0, 1), (2, 2, 3)]]  # row 1 and work 5 skipped
+    assert wholly.done  # every row ended: nothing of it is left in the engine
+    h.finish(h.dispatched()[0])
+    h.finish(h.dispatched()[1])
+    h.step(T0 + WINDOW)
+    assert [r.state for r in ready] == [S.DONE, S.CANCELLED, S.DONE, S.CANCELLED, S.CANCELLED]
+    assert h.engine.wait_all(0) and h.engine.live == {}
+
+
+def test_a_cancel_taken_in_the_step_that_admits_its_work_is_not_dispatched() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3))
+    work = h.work(2)
+    assert work.requests is not None
+    assert work.requests[0].cancel()  # before the engine ever stepped
+    h.step(T0)
+    assert spans(h.dispatched()) == [[(1, 1, 2)]]
+
+
+def test_batches_go_to_the_least_loaded_worker() -> None:
+    h = Harness(create_model(max_batch=1, delay_ms=WINDOW * 1e3), workers=2)
+    h.work(4)
+    h.step(T0)
+    assert [spans(w.batches) for w in h.workers] == [
+        [[(1, 0, 1)], [(1, 2, 3)]],
+        [[(1, 1, 2)], [(1, 3, 4)]],
+    ]
