@@ -268,6 +268,7 @@ class ModelConfig(_Schema):
         "path": str,
         "instances": int,
         "streams": (int, None),
+        "completion": str,
         "max_batch_size": int,
         "max_queue_delay_ms": float,
         "priority": int,
@@ -294,6 +295,9 @@ class ModelConfig(_Schema):
     # batches in flight per worker, each with its own device buffers and stream; None = the
     # backend's default (acl: 2, onnxruntime: 1), filled in by Recipe.from_dict
     streams: int | None = attrs.field(default=None, validator=_positive)
+    # how a worker learns a batch is done (acl): `sync`, rt.synchronize_stream at collect;
+    # `callback`, a stream callback run by the session's report thread (onnxruntime: no effect)
+    completion: str = attrs.field(default="sync", validator=_one_of("sync", "callback"))
     max_batch_size: int = attrs.field(default=8, validator=_non_negative)  # 0 = no batching
     max_queue_delay_ms: float = attrs.field(default=5.0, validator=_non_negative)
     priority: int = 0  # default priority of this model's requests

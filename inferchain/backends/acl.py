@@ -34,6 +34,7 @@ from inferchain.backends.acl_buffers import BufferSet, Launched, Slot, make_sets
 from inferchain.backends.acl_constants import DeviceConstants
 from inferchain.backends.acl_constants import plan as plan_constants
 from inferchain.backends.acl_gears import DimsGear, batch_gear, pick_dims, split_dims, with_rows
+from inferchain.backends.acl_reports import Reports
 from inferchain.backends.acl_state import Carried, DeviceState, plan
 from inferchain.backends.base import Backend, Session, StateRows
 from inferchain.config import ModelConfig, Recipe
@@ -146,6 +147,7 @@ class AclSession(Session):
         self._last_executed: BufferSet | None = None  # where the model last executed
         self._state: DeviceState | None = None  # sequence state slots (open_state)
         self._constants: DeviceConstants | None = None  # constant inputs' slots (open_state)
+        self._reports: Reports | None = None  # the report thread (completion: callback)
         # what launch() needs
         self._data_index: list[int] = []  # input positions without ascend_mbatch_shape_data
         self._mbatch_index: int | None = None
@@ -220,6 +222,9 @@ class AclSession(Session):
         )
         for buffer_set in self._sets:
             buffer_set.allocate(acl, self._model.name)
+        if self._model.completion == "callback":
+            self._reports = Reports(acl, self._model.name, [s.stream for s in self._sets])
+            self._reports.start()
 
     def _describe(self) -> None:
         mdl, desc = self._acl.mdl, self._desc
@@ -445,8 +450,11 @@ class AclSession(Session):
                 raise BackendError(f"{self._model.name}: nothing launched on stream {stream}")
             buffer_set.launched = None
             self._call(self._make_current(), "rt.set_context")
-            ret = self._acl.rt.synchronize_stream(buffer_set.stream)
-            self._call(ret, f"rt.synchronize_stream (stream {stream})")
+            if self._reports is not None:
+                self._reports.wait(buffer_set.index)
+            else:
+                ret = self._acl.rt.synchronize_stream(buffer_set.stream)
+                self._call(ret, f"rt.synchronize_stream (stream {stream})")
             self.last_stages = self._stages(buffer_set)
             results = []
             for i, (slot, shape, count) in enumerate(
@@ -565,6 +573,8 @@ class AclSession(Session):
             self._call(ret, f"rt.memcpy_async (output {slot.name!r})")
             counts.append(count)
         self._call(rt.record_event(events["done"], stream), "rt.record_event")
+        if self._reports is not None:  # its callback: the batch's outputs are on the host
+            self._call(self._reports.launch(buffer_set.index, stream), "rt.launch_callback")
         buffer_set.launched = Launched(rows, shapes, counts, on_device)
 
     def _stage(self, array: np.ndarray, slot: Slot, rows: int, axis: Axis, run: int) -> int:
@@ -743,6 +753,9 @@ class AclSession(Session):
         for buffer_set in self._sets:
             if buffer_set.stream:
                 attempt(rt.synchronize_stream(buffer_set.stream), "rt.synchronize_stream")
+        if self._reports is not None:  # its streams unsubscribed before they go
+            self._reports.stop(attempt)
+            self._reports = None
         if self._model_id is not None:
             attempt(mdl.unload(self._model_id), "mdl.unload")
             self._model_id = None
