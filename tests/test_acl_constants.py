@@ -142,6 +142,48 @@ def test_each_sequence_constant_crosses_to_the_device_once(att: Path) -> None:
     assert all(n == 0 for n in fake.live_handles().values()), fake.live_handles()
 
 
+class TwoSteps(MemorySteps):
+    """Two steps per batch (`steps_per_batch`): x and memory as [rows, 2, ...]; a unit with
+    one step left pads the second with zeros and ends."""
+
+    steps_per_batch = 2
+
+    def feed(self, states: Sequence[Unit]) -> Mapping[str, np.ndarray]:
+        width = max(len(u.memory) for u in states)
+        memory = np.zeros((len(states), 2, 2, width, W), np.float32)
+        x = np.zeros((len(states), 2, 2, W), np.float32)
+        for i, u in enumerate(states):
+            memory[i, :, :, : len(u.memory)] = u.memory
+            for k in range(min(2, len(u.xs) - u.k)):
+                x[i, :, k] = u.xs[u.k + k]
+        self.feeds.append((2 * len(states), width, sum(u.k == 0 for u in states)))
+        return {"x": x.reshape(-1, 2, W), "memory": memory.reshape(-1, 2, width, W)}
+
+    def take(self, states: Sequence[Unit], outputs: Mapping[str, np.ndarray]) -> Any:
+        for i, u in enumerate(states):
+            for k in range(min(2, len(u.xs) - u.k)):
+                u.totals.append(outputs["total"][2 * i : 2 * i + 2, k].copy())
+            u.k = min(u.k + 2, len(u.xs))
+        return [u.k == len(u.xs) for u in states]
+
+
+def test_multi_step_batches_read_the_constant_from_the_device_slots(att: Path) -> None:
+    """Two steps per batch: both launches read memory from the slots; it goes in once."""
+    r = att_recipe(att)
+    fake = compiled(r)
+    items = units(12, seed=4)
+    stepper = TwoSteps()
+    with ic.OfflineInference(r, acl_module=fake) as oi:
+        results = [oi.run_sequence("att", stepper, item).result(timeout=60) for item in items]
+    for got, item in zip(results, items, strict=True):
+        np.testing.assert_allclose(got, expected(item), rtol=1e-5, atol=1e-5)
+    launches = sum(2 * rows for rows, _, _ in stepper.feeds)  # rows of x, two per batch
+    uploaded = sum(width * ROW * fresh for _, width, fresh in stepper.feeds)
+    initial_state = len(items) * 2 * ROW
+    assert fake.copies()["h2d"][1] == launches * ROW + initial_state + uploaded + LONGEST * ROW
+    assert fake.errors == []
+
+
 def test_same_results_as_onnxruntime_which_feeds_it_every_step(att: Path) -> None:
     items = units(16, seed=3)
     on_acl, _ = run(att_recipe(att), items, compiled(att_recipe(att)))
