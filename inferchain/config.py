@@ -136,6 +136,12 @@ def _names_to_names(_: object, attribute: attrs.Attribute[Any], value: dict[str,
         raise ValueError(f"{attribute.name} must map output names to input names, got {bad}")
 
 
+def _names(_: object, attribute: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
+    bad = [v for v in value if not isinstance(v, str)]
+    if bad or len(set(value)) != len(value):
+        raise ValueError(f"{attribute.name} must list distinct input names, got {list(value)}")
+
+
 def _one_of(*options: str) -> Any:
     def check(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
         if value not in options:
@@ -262,6 +268,7 @@ class ModelConfig(_Schema):
         "path": str,
         "instances": int,
         "streams": (int, None),
+        "completion": str,
         "max_batch_size": int,
         "max_queue_delay_ms": float,
         "priority": int,
@@ -278,6 +285,7 @@ class ModelConfig(_Schema):
         "state": dict,
         "state_init": str,
         "max_sequences": int,
+        "constant": list,
         "batching": str,
         "params": dict,
     }
@@ -287,6 +295,9 @@ class ModelConfig(_Schema):
     # batches in flight per worker, each with its own device buffers and stream; None = the
     # backend's default (acl: 2, onnxruntime: 1), filled in by Recipe.from_dict
     streams: int | None = attrs.field(default=None, validator=_positive)
+    # how a worker learns a batch is done (acl): `sync`, rt.synchronize_stream at collect;
+    # `callback`, a stream callback run by the session's report thread (onnxruntime: no effect)
+    completion: str = attrs.field(default="sync", validator=_one_of("sync", "callback"))
     max_batch_size: int = attrs.field(default=8, validator=_non_negative)  # 0 = no batching
     max_queue_delay_ms: float = attrs.field(default=5.0, validator=_non_negative)
     priority: int = 0  # default priority of this model's requests
@@ -306,6 +317,9 @@ class ModelConfig(_Schema):
     state: dict[str, str] = attrs.field(factory=dict, validator=_names_to_names)
     state_init: str = attrs.field(default="zeros", validator=_one_of("zeros"))  # at open
     max_sequences: int = attrs.field(default=64, validator=_positive)  # live = state slots
+    # a stateful model's inputs that keep one value over a sequence (given at every step;
+    # on acl each sequence's value goes to the device once and stays in its slots)
+    constant: tuple[str, ...] = attrs.field(default=(), validator=_names)
     # window: a batch leaves full, after max_queue_delay_ms, or at once on an idle worker;
     # fill: only full, or at a flush (`OfflineInference.flush()`, the end of a run's input,
     # wait_all, close): batches of consecutive rows, the same for the same inputs

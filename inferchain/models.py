@@ -137,6 +137,11 @@ def state_pool(model: LoadedModel, recipe: Recipe) -> StatePool | None:
     """The slots of a model with `state:` pairs, checked against the loaded model."""
     config = model.config
     if not config.state:
+        if config.constant:
+            raise ConfigError(
+                f"{recipe.source}: model {config.name!r} key 'constant': inputs constant over "
+                "a sequence need a stateful model (key 'state')"
+            )
         return None
     where = f"{recipe.source}: model {config.name!r} key 'state'"
     outputs = model.output_names
@@ -160,7 +165,27 @@ def state_pool(model: LoadedModel, recipe: Recipe) -> StatePool | None:
         carried.append((outputs.index(out), i, name))
     shapes = [tuple(int(d) for d in spec.shapes[i]) for _, i, _ in carried]  # type: ignore[arg-type]
     dtypes = [spec.dtypes[i] for _, i, _ in carried]
-    return StatePool(config.name, carried, shapes, dtypes, config.max_sequences)
+    constant = _constant_inputs(model, recipe, {i for _, i, _ in carried})
+    return StatePool(config.name, carried, shapes, dtypes, config.max_sequences, constant)
+
+
+def _constant_inputs(model: LoadedModel, recipe: Recipe, carried: set[int]) -> list[int]:
+    """The indices of the recipe's `constant:` inputs, checked against the loaded model."""
+    where = f"{recipe.source}: model {model.config.name!r} key 'constant'"
+    names = model.spec.names
+    found = []
+    for name in model.config.constant:
+        if name not in names:
+            raise ConfigError(
+                f"{where}: {name!r} is not an input of the model (inputs: {list(names)})"
+            )
+        i = names.index(name)
+        if i in carried:
+            raise ConfigError(f"{where}: {name!r} is a carried input (key 'state'), not a constant")
+        if i in model.spec.shared:
+            raise ConfigError(f"{where}: {name!r} is unbatched (batched: false), not per sequence")
+        found.append(i)
+    return found
 
 
 def pending_steps(

@@ -181,3 +181,57 @@ def test_the_recipe_on_acl_gives_the_package_hypotheses(
     assert {e.batch for e in fake.executions} <= {64, 128, 256, 512}
     assert fake.errors == []
     assert all(n == 0 for n in fake.live_handles().values()), fake.live_handles()
+
+
+def test_on_acl_each_unit_memory_crosses_to_the_device_once(
+    units: list[str], spec: Any, expected: list[Any]
+) -> None:
+    """The decoder as one instance on acl keeps its state and its `constant:` input
+    `memory` in device slots: per step batch only the last tokens and the (unaligned, so
+    host-fed) `src_mask` go in; per unit its initial `hidden` and its `memory` once, at
+    the width of its first step batch. The exact host-to-device bytes, from what the
+    stepper fed; the package's hypotheses, bit for bit."""
+    from inferchain.testing.fake_acl import FakeAcl
+
+    pipeline = recipe_module("pipeline")
+
+    class Recording(pipeline.BeamSteps):  # type: ignore[misc, name-defined]
+        def __init__(self, spec: Any) -> None:
+            super().__init__(spec)
+            self.feeds: list[tuple[int, int, int]] = []  # rows, width, units starting
+
+        def feed(self, states: Any) -> Any:
+            fed = super().feed(states)
+            fresh = sum(u.t == 0 for u in states)
+            self.feeds.append((len(fed["prefix"]), fed["memory"].shape[1], fresh))
+            return fed
+
+    sources = [spec.source_ids(u) for u in units]
+    widths = range(1, max(len(s) for s in sources) + 1)
+    recipe = ic.load_recipe(RECIPE, backend="acl", models={"decoder": {"instances": 1}})
+    fake = FakeAcl.for_recipe(
+        recipe,
+        shapes={
+            "encoder": [[[w], [w]] for w in widths],
+            "decoder": [[[1], [w, 256], [w], [2, 256]] for w in widths],
+        },
+        batches={"encoder": [256], "decoder": [64, 128, 256, 512]},
+    )
+    with ic.OfflineInference(recipe, acl_module=fake) as oi:
+        steps = oi._pipeline.steps = Recording(spec)
+        ours = list(oi.run(units))
+    mismatches = [(u, a, b) for u, a, b in zip(units, ours, expected, strict=True) if a != b]
+    assert mismatches == []
+    assert fake.errors == []
+    assert sum(fresh for _, _, fresh in steps.feeds) == len(units)
+    encoder = sum(  # src (int64) and src_mask (bool) of each encoder batch
+        len(chunk) * max(len(s) for s in chunk) * 9
+        for chunk in (sources[i : i + 256] for i in range(0, len(sources), 256))
+    )
+    decoder = sum(rows * (8 + width) for rows, width, _ in steps.feeds)  # prefix, src_mask
+    hidden = len(units) * 2 * 2 * 256 * 4  # each beam's initial state
+    memory = sum(width * 256 * 4 * fresh for _, width, fresh in steps.feeds)
+    pad = max(widths) * 256 * 4  # the pad row, once
+    assert fake.copies()["h2d"][1] == encoder + decoder + hidden + memory + pad
+    fed_every_step = sum(rows * width * 256 * 4 for rows, width, _ in steps.feeds)
+    assert memory * 10 < fed_every_step

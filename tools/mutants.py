@@ -25,7 +25,9 @@ import attrs
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "backends.md"
-TESTS = [
+TESTS = [  # the fast ones first: -x stops at the first failure
+    "tests/test_acl_constants.py",
+    "tests/test_acl_reports.py",
     "tests/test_backend_acl.py",
     "tests/test_acl_chain.py",
     "tests/test_acl_sequences.py",
@@ -35,6 +37,7 @@ ACL = "inferchain/backends/acl.py"
 BUFFERS = "inferchain/backends/acl_buffers.py"
 STATE = "inferchain/backends/acl_state.py"
 GEARS = "inferchain/backends/acl_gears.py"
+CONSTANTS = "inferchain/backends/acl_constants.py"
 REPORT = "inferchain/testing/fake_acl/_report.py"  # the fake itself: its new surface
 MDL = "inferchain/testing/fake_acl/_mdl.py"
 TIMEOUT_S = 600
@@ -48,6 +51,16 @@ class Mutation:
     path: str
     old: str
     new: str
+
+
+def _callback_moved() -> tuple[str, str]:
+    """(old, new) of the completion callback launched before the D2H copies it must follow:
+    the span from the copies to the launch, and the launch moved to its start."""
+    text = (REPO / ACL).read_text(encoding="utf-8")
+    launch = text[text.index("        if self._reports is not None:  # its callback") :]
+    launch = launch[: launch.index("\n", launch.index("rt.launch_callback")) + 1]
+    span = text[text.index("        counts = []\n") : text.index(launch) + len(launch)]
+    return span, launch + span[: -len(launch)]
 
 
 MUTATIONS = [
@@ -72,6 +85,9 @@ MUTATIONS = [
         "        if self._state is not None:\n"
         "            self._state.release(acl, attempt)\n"
         "            self._state = None\n"
+        "        if self._constants is not None:\n"
+        "            self._constants.release(acl, attempt)\n"
+        "            self._constants = None\n"
         "        for buffer_set in self._sets:\n"
         "            if buffer_set.stream:\n"
         '                attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")\n'
@@ -84,22 +100,25 @@ MUTATIONS = [
         "            buffer_set.release(acl, attempt)\n"
         "        if self._state is not None:\n"
         "            self._state.release(acl, attempt)\n"
-        "            self._state = None\n",
+        "            self._state = None\n"
+        "        if self._constants is not None:\n"
+        "            self._constants.release(acl, attempt)\n"
+        "            self._constants = None\n",
     ),
     Mutation(
         "missing-sync-before-reading-outputs",
         ACL,
         "ret = self._acl.rt.synchronize_stream(buffer_set.stream)\n"
-        '            self._call(ret, f"rt.synchronize_stream (stream',
-        'ret = ACL_SUCCESS\n            self._call(ret, f"rt.synchronize_stream (stream',
+        '                self._call(ret, f"rt.synchronize_stream (stream',
+        'ret = ACL_SUCCESS\n                self._call(ret, f"rt.synchronize_stream (stream',
     ),
     Mutation(
         "sync-the-wrong-stream",
         ACL,
         "ret = self._acl.rt.synchronize_stream(buffer_set.stream)\n"
-        '            self._call(ret, f"rt.synchronize_stream (stream',
+        '                self._call(ret, f"rt.synchronize_stream (stream',
         "ret = self._acl.rt.synchronize_stream(self._sets[0].stream)\n"
-        '            self._call(ret, f"rt.synchronize_stream (stream',
+        '                self._call(ret, f"rt.synchronize_stream (stream',
     ),
     Mutation(
         "no-sync-at-teardown",
@@ -201,6 +220,35 @@ MUTATIONS = [
         STATE,
         "            for block in range(c.outer):\n                at =",
         "            for block in range(1):\n                at =",
+    ),
+    Mutation(
+        "constant-read-from-each-rows-own-slot",
+        CONSTANTS,
+        "        homes = rows.homes\n",
+        "        homes = rows.write\n",
+    ),
+    Mutation(
+        "constant-slot-not-padded",
+        CONSTANTS,
+        "            if size < held:\n",
+        "            if False:\n",
+    ),
+    Mutation(
+        "constant-fed-every-step",
+        ACL,
+        "            if k in carried or k in held:",
+        "            if k in carried:",
+    ),
+    Mutation(
+        "callback-before-the-output-copies",
+        ACL,
+        *_callback_moved(),
+    ),
+    Mutation(
+        "collect-without-waiting-for-the-callback",
+        ACL,
+        "                self._reports.wait(buffer_set.index)\n",
+        "                pass\n",
     ),
     Mutation(
         "fake-callback-before-its-stream-work",

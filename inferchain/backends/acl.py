@@ -31,7 +31,10 @@ from inferchain.backends.acl_api import (
     null_error,
 )
 from inferchain.backends.acl_buffers import BufferSet, Launched, Slot, make_sets, set_bytes
+from inferchain.backends.acl_constants import DeviceConstants
+from inferchain.backends.acl_constants import plan as plan_constants
 from inferchain.backends.acl_gears import DimsGear, batch_gear, pick_dims, split_dims, with_rows
+from inferchain.backends.acl_reports import Reports
 from inferchain.backends.acl_state import Carried, DeviceState, plan
 from inferchain.backends.base import Backend, Session, StateRows
 from inferchain.config import ModelConfig, Recipe
@@ -143,6 +146,8 @@ class AclSession(Session):
         self._sets: list[BufferSet] = []
         self._last_executed: BufferSet | None = None  # where the model last executed
         self._state: DeviceState | None = None  # sequence state slots (open_state)
+        self._constants: DeviceConstants | None = None  # constant inputs' slots (open_state)
+        self._reports: Reports | None = None  # the report thread (completion: callback)
         # what launch() needs
         self._data_index: list[int] = []  # input positions without ascend_mbatch_shape_data
         self._mbatch_index: int | None = None
@@ -217,6 +222,9 @@ class AclSession(Session):
         )
         for buffer_set in self._sets:
             buffer_set.allocate(acl, self._model.name)
+        if self._model.completion == "callback":
+            self._reports = Reports(acl, self._model.name, [s.stream for s in self._sets])
+            self._reports.start()
 
     def _describe(self) -> None:
         mdl, desc = self._acl.mdl, self._desc
@@ -331,9 +339,13 @@ class AclSession(Session):
         self.launch(inputs, batch_size, 0)
         return self.collect(0)
 
-    def open_state(self, carried: Sequence[tuple[int, int]], slots: int) -> bool:
+    def open_state(
+        self, carried: Sequence[tuple[int, int]], slots: int, constant: Sequence[int] = ()
+    ) -> bool:
         """Keep `slots` rows of each carried input in device memory (see `acl_state`);
-        False, logged, where the model's rows do not allow it."""
+        False, logged, where the model's rows do not allow it. With the state, the
+        `constant` inputs whose rows allow it go to device slots too (`acl_constants`;
+        the others, logged, are fed from the host at every step)."""
         with self._lock:
             self._usable_set(0, "open_state")
             if self._state is not None:
@@ -356,7 +368,31 @@ class AclSession(Session):
                 state.release(self._acl, lambda ret, what: None)
                 raise
             self._state = state
+            if constant:
+                self._open_constants(constant, slots)
             return True
+
+    def _open_constants(self, constant: Sequence[int], slots: int) -> None:
+        data = [self._in_slots[i] for i in self._data_index]
+        pads: dict[str, float | bool] = {}
+        for s in data:  # the recipe's `inputs: {NAME: {pad: ...}}`, else the shapes' pad
+            given = self._model.inputs.get(s.name)
+            pad = given.pad if given is not None else None
+            pads[s.name] = self._model.shapes.pad_value if pad is None else pad
+        found, why = plan_constants(
+            data, constant, self._in_axes, self._dims_gears, self._batch, pads
+        )
+        for reason in why:
+            log.info("acl_constant_on_host", model=self._model.name, reason=reason)
+        if not found:
+            return
+        constants = DeviceConstants(found, slots)
+        try:
+            constants.allocate(self._acl, self._model.name)
+        except BaseException:
+            constants.release(self._acl, lambda ret, what: None)
+            raise
+        self._constants = constants
 
     def launch(
         self,
@@ -414,8 +450,11 @@ class AclSession(Session):
                 raise BackendError(f"{self._model.name}: nothing launched on stream {stream}")
             buffer_set.launched = None
             self._call(self._make_current(), "rt.set_context")
-            ret = self._acl.rt.synchronize_stream(buffer_set.stream)
-            self._call(ret, f"rt.synchronize_stream (stream {stream})")
+            if self._reports is not None:
+                self._reports.wait(buffer_set.index)
+            else:
+                ret = self._acl.rt.synchronize_stream(buffer_set.stream)
+                self._call(ret, f"rt.synchronize_stream (stream {stream})")
             self.last_stages = self._stages(buffer_set)
             results = []
             for i, (slot, shape, count) in enumerate(
@@ -477,12 +516,14 @@ class AclSession(Session):
         events = buffer_set.events
         device_state = self._state if state is not None else None  # open: _check_state
         carried = device_state.inputs if device_state is not None else {}
+        constants = self._constants if state is not None else None
+        held = constants.inputs if constants is not None else {}
         self._call(rt.record_event(events["start"], stream), "rt.record_event")
         data = [buffer_set.in_slots[i] for i in self._data_index]
         for k, (array, slot) in enumerate(zip(arrays, data, strict=True)):
             axis = self._in_axes[k] if self._batching else 0
-            if k in carried:  # gathered below; the host rows count only for a first step
-                assert state is not None
+            if k in carried or k in held:  # gathered below; the host rows count only for a
+                assert state is not None  # first step
                 if state.fresh.any():
                     self._stage(array, slot, rows, axis, run)
                 continue
@@ -499,6 +540,10 @@ class AclSession(Session):
             assert state is not None
             for k, c in carried.items():
                 device_state.gather(rt, self._call, c, data[k], state, stream, run)
+        if constants is not None:
+            assert state is not None
+            for k, const in held.items():
+                constants.gather(rt, self._call, const, data[k], state, stream, arrays[k].shape[1])
         self._call(rt.record_event(events["copied"], stream), "rt.record_event")
         ret = mdl.execute_async(
             self._model_id, buffer_set.in_dataset, buffer_set.out_dataset, stream
@@ -528,6 +573,8 @@ class AclSession(Session):
             self._call(ret, f"rt.memcpy_async (output {slot.name!r})")
             counts.append(count)
         self._call(rt.record_event(events["done"], stream), "rt.record_event")
+        if self._reports is not None:  # its callback: the batch's outputs are on the host
+            self._call(self._reports.launch(buffer_set.index, stream), "rt.launch_callback")
         buffer_set.launched = Launched(rows, shapes, counts, on_device)
 
     def _stage(self, array: np.ndarray, slot: Slot, rows: int, axis: Axis, run: int) -> int:
@@ -706,6 +753,9 @@ class AclSession(Session):
         for buffer_set in self._sets:
             if buffer_set.stream:
                 attempt(rt.synchronize_stream(buffer_set.stream), "rt.synchronize_stream")
+        if self._reports is not None:  # its streams unsubscribed before they go
+            self._reports.stop(attempt)
+            self._reports = None
         if self._model_id is not None:
             attempt(mdl.unload(self._model_id), "mdl.unload")
             self._model_id = None
@@ -717,6 +767,9 @@ class AclSession(Session):
         if self._state is not None:
             self._state.release(acl, attempt)
             self._state = None
+        if self._constants is not None:
+            self._constants.release(acl, attempt)
+            self._constants = None
         for buffer_set in self._sets:
             if buffer_set.stream:
                 attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")

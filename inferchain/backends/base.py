@@ -21,18 +21,27 @@ class StateRows:
     """Where the carried state of a batch of sequence steps lives, for a session that keeps
     it in device slots (`Session.open_state`): per batch row, the slot its state is read
     from, the slot its carried outputs go to, and whether it is a sequence's first step
-    (its state is then the host input row: the initial value)."""
+    (its state is then the host input row: the initial value), and the first slot of its
+    sequence (`home`: where the sequence's constant inputs are kept, one copy for all its
+    rows; None: each row's own `write` slot)."""
 
     read: np.ndarray  # intp, one per row (a reorder reads another row's slot)
     write: np.ndarray  # intp, one per row
     fresh: np.ndarray  # bool, one per row
+    home: np.ndarray | None = None  # intp, one per row: its sequence's first slot
+
+    @property
+    def homes(self) -> np.ndarray:
+        """Per row, the slot that holds its sequence's constant inputs."""
+        return self.write if self.home is None else self.home
 
     def part(self, start: int, stop: int) -> StateRows:
         """The rows `start:stop` (a batch that holds part of a work)."""
         if start == 0 and stop == len(self.read):
             return self
         cut = slice(start, stop)
-        return StateRows(self.read[cut], self.write[cut], self.fresh[cut])
+        home = None if self.home is None else self.home[cut]
+        return StateRows(self.read[cut], self.write[cut], self.fresh[cut], home)
 
     @staticmethod
     def join(parts: Sequence[StateRows]) -> StateRows:
@@ -43,7 +52,12 @@ class StateRows:
             np.concatenate([p.read for p in parts]),
             np.concatenate([p.write for p in parts]),
             np.concatenate([p.fresh for p in parts]),
+            np.concatenate([p.homes for p in parts]),
         )
+
+    def stepped(self) -> StateRows:
+        """The same rows at their next step: each reads the slot it wrote, none is fresh."""
+        return StateRows(self.write, self.write, np.zeros(len(self.write), bool), self.home)
 
 
 class Session(Closing, abc.ABC):
@@ -117,11 +131,16 @@ class Session(Closing, abc.ABC):
 
     # -- sequence state kept on the device ------------------------------------------------
 
-    def open_state(self, carried: Sequence[tuple[int, int]], slots: int) -> bool:
+    def open_state(
+        self, carried: Sequence[tuple[int, int]], slots: int, constant: Sequence[int] = ()
+    ) -> bool:
         """Keep the carried state of `slots` sequence slots in device memory: `carried`
         is (output index, input index) per state pair. False (the default) where the
         session cannot: the state then stays in host memory and goes in and out with
-        every step. Called on the session's thread, again after a re-load."""
+        every step. `constant`: inputs (their indices) that keep one value over a
+        sequence, which the session may keep in device slots too, taking each sequence's
+        value from its first step's rows (`StateRows.fresh`, at its `home` slot). Called on
+        the session's thread, again after a re-load."""
         return False
 
     @abc.abstractmethod

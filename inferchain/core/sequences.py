@@ -48,12 +48,16 @@ class StatePool:
         shapes: Sequence[tuple[int, ...]],
         dtypes: Sequence[np.dtype],
         size: int,
+        constant: Sequence[int] = (),
     ) -> None:
         """`carried`: (output index, input index, input name) per state pair; `shapes`,
-        `dtypes`: the item shape and dtype of each carried input, in the same order."""
+        `dtypes`: the item shape and dtype of each carried input, in the same order;
+        `constant`: the inputs (indices) that keep one value over a sequence (recipe
+        `constant:`), which a session may keep in device slots (`StateRows.home`)."""
         self.model = model
         self.size = size
         self.carried = tuple(carried)
+        self.constant = tuple(constant)
         self.inputs = {name: i for _, i, name in self.carried}  # carried input name -> index
         self.arrays = {
             i: np.zeros((size, *shape), dtype)
@@ -70,6 +74,7 @@ class StatePool:
         self._fresh = np.zeros(size, bool)
         self._read = np.arange(size, dtype=np.intp)
         self._lost = np.zeros(size, bool)
+        self._home = np.arange(size, dtype=np.intp)  # the first slot of the slot's sequence
 
     @property
     def num_free(self) -> int:
@@ -114,6 +119,7 @@ class StatePool:
             self._fresh[slots] = True
             self._read[slots] = slots
             self._lost[slots] = False
+            self._home[slots] = slots[0]
         return slots
 
     def try_acquire(
@@ -145,7 +151,8 @@ class StatePool:
         this, those slots are no longer first steps."""
         work.slots = slots
         if self.on_device:
-            work.state_rows = StateRows(self._read[slots], slots, self._fresh[slots])
+            home = self._home[slots] if self.constant else None
+            work.state_rows = StateRows(self._read[slots], slots, self._fresh[slots], home)
             self._fresh[slots] = False
             self._read[slots] = slots
 

@@ -313,7 +313,7 @@ class ModelWorker:
     def _open_state(self) -> bool:
         assert self.session is not None and self.pool is not None and self._layout is not None
         carried = [(out, i) for out, i, _ in self.pool.carried]
-        on_device = self.session.open_state(carried, self.pool.size)
+        on_device = self.session.open_state(carried, self.pool.size, self.pool.constant)
         if on_device:  # `collect` returns only the outputs that are not carried
             outs = {out for out, _ in carried}
             kept = [i for i in range(len(self.session.outputs)) if i not in outs]
@@ -429,7 +429,7 @@ class ModelWorker:
             session.launch(feed, size, stream, state)
             outputs = self._outputs(session.collect(stream), n)
             if k == 0 and state is not None:  # in the device slots now, for every row
-                state = StateRows(state.write, state.write, np.zeros(n, bool))
+                state = state.stepped()
             if not stacked:
                 stacked = [np.empty((n, work.steps, *o.shape[1:]), o.dtype) for o in outputs]
             for whole, o in zip(stacked, outputs, strict=True):

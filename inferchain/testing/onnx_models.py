@@ -199,6 +199,35 @@ def write_accumulator(path: str | Path, *, width: int = 4, tagged: bool = False)
     return out
 
 
+def write_attending(path: str | Path, *, width: int = 16) -> Path:
+    """A decoder-like step for tests of inputs constant over a sequence: the running sum of
+    its inputs plus the sum of a memory of a dynamic length, which zero padding leaves as
+    it is (like an attention masked over the padding).
+
+    Inputs ``x`` float32 [N, width], ``memory`` float32 [N, L, width] (L dynamic),
+    ``state`` float32 [N, width]. Outputs ``total`` = x + state + memory summed over L, and
+    ``stateN`` (the same values, carried to the next step as ``state``).
+    """
+    f32 = np.dtype(np.float32)
+    nodes = [
+        _node("ReduceSum", ["memory", "axes"], ["summed"], _attr_int("keepdims", 0)),
+        _node("Add", ["x", "state"], ["partial"]),
+        _node("Add", ["partial", "summed"], ["total"]),
+        _node("Identity", ["total"], ["stateN"]),
+    ]
+    inputs = [
+        _value_info("x", f32, ["N", width]),
+        _value_info("memory", f32, ["N", "L", width]),
+        _value_info("state", f32, ["N", width]),
+    ]
+    outputs = [_value_info("total", f32, ["N", width]), _value_info("stateN", f32, ["N", width])]
+    axes = _tensor("axes", np.array([1], dtype=np.int64))
+    data = _model(nodes, [axes], inputs, outputs, "attending")
+    out = Path(path)
+    out.write_bytes(data)
+    return out
+
+
 def write_mlp64(
     path: str | Path,
     *,
