@@ -6,7 +6,8 @@ output `y` and a 512-float embedding) and goes through `ShardedResults` (4096 ro
 The ratio of the two peaks (10 N over N) is the figure: about 1 when memory does not grow
 with the job's size.
 
-Run: `python benchmarks/bench_shards.py [--quick]` (N = 20 000; --quick: 2 000).
+Run: `python benchmarks/bench_shards.py [--quick]` (N = 20 000; --quick: 2 000); writes
+benchmarks/results/bench_shards.json (a quick run: out/benchmarks/).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import resource
 import subprocess
 import sys
 import tempfile
+
+from common import write_results
 
 CHILD = """
 import sys, tempfile
@@ -57,13 +60,17 @@ def peak_rss_mib(n: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    n = 2_000 if parser.parse_args().quick else 20_000
+    quick = parser.parse_args().quick
+    n = 2_000 if quick else 20_000
     small = peak_rss_mib(n)
     large = peak_rss_mib(10 * n)
     shards = (10 * n + 4095) // 4096
     print(f"{n:>7} results: peak RSS {small:7.1f} MiB")
     print(f"{10 * n:>7} results: peak RSS {large:7.1f} MiB ({shards} shards)")
     print(f"ratio 10N / N: {large / small:.3f}")
+    payload = {"quick": quick, "n": n, "peak_rss_mib": {"n": small, "10n": large}}
+    path = write_results("bench_shards", {**payload, "ratio": large / small, "target": "~1"})
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
