@@ -153,14 +153,14 @@ def test_an_item_past_its_timeout_is_an_error_line_and_the_run_finishes(tiny: Pa
     recipe = (tiny / "recipe.yaml").read_text(encoding="utf-8")
     (tiny / "recipe.yaml").write_text(recipe + "pipeline: pipeline.py:HangOnSecond\n")
     out = tiny / "out"
-    done = inferchain("run", tiny, "--output", out, "--item-timeout", 2)
+    done = inferchain("run", tiny, "--output", out, "--item-timeout", 5)
     assert done.returncode == 1, done.stderr
     lines = records(out)
     assert [Path(str(r["file"])).name for r in lines] == ["0.npy", "1.npy", "2.npy", "3.npy"]
-    assert lines[1]["error"] == "RequestTimeout: timed out after 2 s"
+    assert lines[1]["error"] == "RequestTimeout: timed out after 5 s"
     assert all("y" in r for i, r in enumerate(lines) if i != 1)
     assert "3 done, 1 failed (RequestTimeout 1), 0 skipped as done before;" in done.stdout
-    again = inferchain("run", tiny, "--output", out, "--resume", "--item-timeout", 2)
+    again = inferchain("run", tiny, "--output", out, "--resume", "--item-timeout", 5)
     assert "0 done, 1 failed (RequestTimeout 1), 3 skipped as done before;" in again.stdout
 
 
