@@ -11,6 +11,7 @@ pipeline's steps are timed (`record_item`), `pre` (item -> first request) and `p
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import Counter, deque
@@ -396,13 +397,6 @@ class Metrics:
         padding: dict[str, tuple[int, int]] = {}
         for name, m in self.models.items():
             with m._lock:
-                busy.update({w: _copy(c) for w, c in m.busy.items()})
+                busy.update({w: copy.copy(c) for w, c in m.busy.items()})
                 padding[name] = (m.padded, m.elements)
         return utilisation((self.activity, self.engine_activity), busy, self.host, padding)
-
-
-def _copy(clock: BusyClock) -> BusyClock:
-    out = BusyClock()
-    out.busy_s, out.last_end, out.batches, out.rows = (
-        clock.busy_s, clock.last_end, clock.batches, clock.rows)  # fmt: skip
-    return out

@@ -231,7 +231,7 @@ def utilisation(
     """The figures now, from the clocks (`padding`: model -> (padded, total) elements)."""
     span, active = merged_span(*activities)
     uses = []
-    for name in sorted(workers, key=_worker_order):
+    for name in sorted(workers, key=worker_order):
         clock = workers[name]
         busy = min(clock.busy_s, span) if span > 0 else clock.busy_s
         starved = max(active - busy, 0.0)
@@ -243,9 +243,10 @@ def utilisation(
     return Utilisation(span, active, tuple(uses), threads, host_busy, steps, shares)
 
 
-def _worker_order(name: str) -> tuple[str, int]:
+def worker_order(name: str) -> tuple[str, int, str]:
+    """Sort "det#10" after "det#2": by model, then instance number (names as `model#i`)."""
     model, _, index = name.rpartition("#")
-    return (model, int(index)) if index.isdigit() else (name, -1)
+    return (model, int(index), "") if index.isdigit() else (name, -1, name)
 
 
 def format_utilisation(u: Utilisation, models: Iterable[str] = ()) -> list[str]:

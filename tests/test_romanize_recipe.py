@@ -153,18 +153,12 @@ def test_the_recipe_runs_from_the_command_line_one_unit_per_line(
     assert [[(h["text"], h["score"]) for h in r["hypotheses"]] for r in records] == want
 
 
-def test_the_recipe_on_acl_gives_the_package_hypotheses(
-    units: list[str], spec: Any, expected: list[Any]
-) -> None:
-    """Both models on `backend: acl` through FakeAcl, their variable source length as dims
-    gears (ATC's `--dynamic_dims`: one per width up to the longest unit here, the encoder at
-    its batch of 256, the decoder at four batch gears): each batch runs the gear of its
-    width and the fewest rows that hold it; the package's hypotheses, bit for bit."""
+def compiled_for(recipe: ic.Recipe, widths: range) -> Any:
+    """FakeAcl compiled for the recipe as ATC would: a dims gear per source width (the
+    encoder at its batch of 256, the decoder at four batch gears)."""
     from inferchain.testing.fake_acl import FakeAcl
 
-    widths = range(1, max(len(spec.source_ids(u)) for u in units) + 1)
-    recipe = ic.load_recipe(RECIPE, backend="acl")
-    fake = FakeAcl.for_recipe(
+    return FakeAcl.for_recipe(
         recipe,
         shapes={
             "encoder": [[[w], [w]] for w in widths],
@@ -172,6 +166,19 @@ def test_the_recipe_on_acl_gives_the_package_hypotheses(
         },
         batches={"encoder": [256], "decoder": [64, 128, 256, 512]},
     )
+
+
+def test_the_recipe_on_acl_gives_the_package_hypotheses(
+    units: list[str], spec: Any, expected: list[Any]
+) -> None:
+    """Both models on `backend: acl` through FakeAcl, their variable source length as dims
+    gears (ATC's `--dynamic_dims`: one per width up to the longest unit here, the encoder at
+    its batch of 256, the decoder at four batch gears): each batch runs the gear of its
+    width and the fewest rows that hold it; the package's hypotheses, bit for bit."""
+
+    widths = range(1, max(len(spec.source_ids(u)) for u in units) + 1)
+    recipe = ic.load_recipe(RECIPE, backend="acl")
+    fake = compiled_for(recipe, widths)
     with ic.OfflineInference(recipe, acl_module=fake) as oi:
         ours = list(oi.run(units))
         sizes = oi.stats().models["encoder"].batch_sizes
@@ -191,7 +198,6 @@ def test_on_acl_each_unit_memory_crosses_to_the_device_once(
     host-fed) `src_mask` go in; per unit its initial `hidden` and its `memory` once, at
     the width of its first step batch. The exact host-to-device bytes, from what the
     stepper fed; the package's hypotheses, bit for bit."""
-    from inferchain.testing.fake_acl import FakeAcl
 
     pipeline = recipe_module("pipeline")
 
@@ -209,14 +215,7 @@ def test_on_acl_each_unit_memory_crosses_to_the_device_once(
     sources = [spec.source_ids(u) for u in units]
     widths = range(1, max(len(s) for s in sources) + 1)
     recipe = ic.load_recipe(RECIPE, backend="acl", models={"decoder": {"instances": 1}})
-    fake = FakeAcl.for_recipe(
-        recipe,
-        shapes={
-            "encoder": [[[w], [w]] for w in widths],
-            "decoder": [[[1], [w, 256], [w], [2, 256]] for w in widths],
-        },
-        batches={"encoder": [256], "decoder": [64, 128, 256, 512]},
-    )
+    fake = compiled_for(recipe, widths)
     with ic.OfflineInference(recipe, acl_module=fake) as oi:
         steps = oi._pipeline.steps = Recording(spec)
         ours = list(oi.run(units))

@@ -474,7 +474,7 @@ class ModelWorker:
             return 0, 0
         key, rows, slices = batch.shape_key, batch.rows, batch.slices
         ran = session.padded_rows(rows)
-        per_row = self._sizes.get(key) or self._row_elements(key)
+        per_row = self._row_elements(key)
         if ran == rows and len(slices) == 1 and slices[0].work.exact == key:
             return rows * per_row, 0  # the common case: nothing padded
         useful = sum(s.rows * self._row_elements(s.work.exact) for s in slices)

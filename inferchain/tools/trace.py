@@ -16,15 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from inferchain.metrics import BatchTiming
-from inferchain.utilisation import HostStep
+from inferchain.utilisation import HostStep, worker_order
 
 PID = 1
-
-
-def _worker_order(name: str) -> tuple[str, int, str]:
-    """Sort "det#10" after "det#2": by model, then instance number."""
-    model, _, index = name.rpartition("#")
-    return (model, int(index), "") if index.isdigit() else (name, -1, name)
 
 
 def _us(seconds: float) -> float:
@@ -77,7 +71,7 @@ def chrome_trace(
     ran no batch."""
     batches = sorted(timeline, key=lambda b: b.picked)
     steps = sorted(host, key=lambda h: h.start)
-    names = sorted({*workers, *(b.worker for b in batches)}, key=_worker_order)
+    names = sorted({*workers, *(b.worker for b in batches)}, key=worker_order)
     threads = sorted({f"host {h.thread}" for h in steps})
     tids = {name: i + 1 for i, name in enumerate([*names, *threads])}
     if origin is None:
