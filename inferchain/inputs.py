@@ -52,7 +52,7 @@ class InputSpec:
         layout = layout or Layout.plain(len(inputs), 0)
         self.shapes = layout.item_shapes(inputs) if batching else tuple(t.shape for t in inputs)
         # unbatched inputs (indices): items share a batch only when their values are equal
-        self.shared = layout.shared if batching else ()
+        self.unbatched = layout.unbatched if batching else ()
         self._hints = tuple(_axis_hint(t, a) for t, a in zip(inputs, layout.inputs, strict=True))
         self._index = {name: i for i, name in enumerate(self.names)}
         # the common case checked in one comparison: an ndarray of the exact dtype and shape
@@ -90,11 +90,16 @@ class InputSpec:
         """One sequence step's arrays in the model's input order: `inputs` (name -> value)
         checked for the inputs that are not carried, `carried` (index -> value) for the
         others, as they are."""
+        if len(inputs) + len(carried) == len(self.names):  # then no name is unknown ...
+            try:
+                return tuple(
+                    carried[i] if i in carried else self._check(i, inputs[name])
+                    for i, name in enumerate(self.names)
+                )
+            except KeyError:  # ... unless one is missing
+                pass
         self._check_step_names(inputs, carried)
-        return tuple(
-            carried[i] if i in carried else self._check(i, inputs[name])
-            for i, name in enumerate(self.names)
-        )
+        raise AssertionError("unreachable: the names were wrong")
 
     def step_columns(
         self, inputs: Mapping[str, Any], carried: Mapping[int, Any]
@@ -147,7 +152,7 @@ class InputSpec:
     @property
     def takes_rows(self) -> bool:
         """True when items may come as the rows of one array (one batched input)."""
-        return len(self.names) == 1 and self.batching and not self.shared
+        return len(self.names) == 1 and self.batching and not self.unbatched
 
     def _from_mapping(self, inputs: Mapping[str, Any]) -> list[Any]:
         unknown = [k for k in inputs if k not in self._index]
@@ -232,16 +237,16 @@ def _axis_hint(t: TensorDesc, axis: int | None) -> str:
 Item = tuple[np.ndarray, ...]  # one item's arrays, in model input order
 
 
-def runs(items: Sequence[Item], shared: Sequence[int] = ()) -> list[tuple[int, int]]:
+def runs(items: Sequence[Item], unbatched: Sequence[int] = ()) -> list[tuple[int, int]]:
     """Ranges [start, stop) of consecutive items whose arrays have equal shapes, and equal
-    values of the unbatched inputs at the indices `shared`."""
+    values of the unbatched inputs at the indices `unbatched`."""
     out: list[tuple[int, int]] = []
     start = 0
     last: object = None
     for i, item in enumerate(items):
         s: object = tuple(a.shape for a in item)
-        if shared:
-            s = (s, shared_values(item, shared))
+        if unbatched:
+            s = (s, unbatched_values(item, unbatched))
         if s != last:
             if i:
                 out.append((start, i))
@@ -251,37 +256,37 @@ def runs(items: Sequence[Item], shared: Sequence[int] = ()) -> list[tuple[int, i
     return out
 
 
-SharedValue = tuple[tuple[int, ...], bytes]  # an unbatched input's value: shape, bytes
-SharedValues = tuple[SharedValue, ...]
+UnbatchedValue = tuple[tuple[int, ...], bytes]  # an unbatched input's value: shape, bytes
+UnbatchedValues = tuple[UnbatchedValue, ...]
 
 
-def shared_value(value: np.ndarray) -> SharedValue:
+def unbatched_value(value: np.ndarray) -> UnbatchedValue:
     """One unbatched input's value in a form that compares and hashes."""
     return (value.shape, value.tobytes())
 
 
-def shared_values(item: Item, shared: Sequence[int]) -> SharedValues:
-    """The values of an item's unbatched inputs (at the indices `shared`)."""
-    return tuple(shared_value(item[i]) for i in shared)
+def unbatched_values(item: Item, unbatched: Sequence[int]) -> UnbatchedValues:
+    """The values of an item's unbatched inputs (at the indices `unbatched`)."""
+    return tuple(unbatched_value(item[i]) for i in unbatched)
 
 
-def rows_shared_values(rows: Item, shared: Sequence[int]) -> SharedValues | None:
+def rows_unbatched_values(rows: Item, unbatched: Sequence[int]) -> UnbatchedValues | None:
     """The values of the unbatched inputs of rows stacked for one batch (equal in every
     row), for `ShapePolicy.keys`; None for a model without such inputs."""
-    return shared_values(tuple(a[0] for a in rows), shared) if shared else None
+    return unbatched_values(tuple(a[0] for a in rows), unbatched) if unbatched else None
 
 
-def stack(items: Sequence[Item], shared: Sequence[int] = ()) -> Item:
+def stack(items: Sequence[Item], unbatched: Sequence[int] = ()) -> Item:
     """Same-shape items as one array per input, item i in row i (a view for one item). An
     unbatched input, equal in every item, is the first item's value seen in every row (a
     read-only view, no copy)."""
     if len(items) == 1:
         return tuple(a[None] for a in items[0])
-    if not shared:
+    if not unbatched:
         return tuple(np.stack(column) for column in zip(*items, strict=True))
     n = len(items)
     return tuple(
-        np.broadcast_to(column[0], (n, *column[0].shape)) if i in shared else np.stack(column)
+        np.broadcast_to(column[0], (n, *column[0].shape)) if i in unbatched else np.stack(column)
         for i, column in enumerate(zip(*items, strict=True))
     )
 

@@ -87,7 +87,7 @@ class Layout:
                 )
 
     @property
-    def shared(self) -> tuple[int, ...]:
+    def unbatched(self) -> tuple[int, ...]:
         """Indices of the unbatched inputs (one value for a whole batch)."""
         return tuple(i for i, a in enumerate(self.inputs) if a is None)
 

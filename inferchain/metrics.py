@@ -254,7 +254,8 @@ class ModelMetrics:
             self.padded += timing.padded
             if timing.steps and ok:
                 self.steps += timing.steps
-                self.step_batches += batch.slices[0].work.steps  # model runs (multi-step)
+                steps = batch.slices[0].work.steps
+                self.step_batches += 1 if steps is None else steps.count  # model runs
 
     def samples(self) -> dict[str, np.ndarray]:
         """Seconds per stage (`end_to_end` included), the latest samples of each."""

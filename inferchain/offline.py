@@ -22,22 +22,24 @@ from inferchain.backends.factory import make_backend
 from inferchain.config import ModelConfig, Recipe, load_recipe
 from inferchain.core.engine import ExecutionEngine
 from inferchain.core.request import Callback, Outputs, Request, RequestState
-from inferchain.core.runner import SequenceRunner, Stepper
 from inferchain.core.scheduler import Scheduler
+from inferchain.core.sequence_runner import SequenceRunner
+from inferchain.core.sequences import Sequences
+from inferchain.core.step_batcher import StepBatcher
 from inferchain.core.work import Work
 from inferchain.driver import PipelineDriver, idle_flush
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.host_processes import HostProcesses
-from inferchain.inputs import Item, rows_shared_values, runs, stack
+from inferchain.in_flight import in_flight
+from inferchain.inputs import Item, rows_unbatched_values, runs, stack
 from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
-from inferchain.models import LoadedModel, load_models, pending_steps
 from inferchain.pipeline import PathLoader, Pipeline, pipeline_class
-from inferchain.sequence import LiveSequence
+from inferchain.registry import LoadedModel, load_models, step_batcher
+from inferchain.sequence import LiveSequence, Stepper
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
-from inferchain.window import in_flight
 
 log = get_logger(__name__)
 
@@ -69,7 +71,7 @@ class OfflineInference:
         self._next_id = 1
         self._models: dict[str, LoadedModel] = {}  # after init()
         self._engine: ExecutionEngine | None = None
-        self._runners: dict[tuple[str, int], SequenceRunner] = {}  # by (model, stepper)
+        self._sequences = Sequences()  # the step batchers and runners the engine drives
         self._pipeline: Pipeline | None = None
         self._idle_flush = idle_flush(self)  # what map() calls before it blocks
         # processes for a pipeline's GIL-bound host code, started on first use
@@ -102,12 +104,14 @@ class OfflineInference:
             self.recipe.models,
             {name: m.memory.request_bytes for name, m in self._models.items()},
         )
-        for m in self._models.values():
+        for name, m in self._models.items():
             if m.pool is not None:
-                m.steps = pending_steps(m, engine, self.metrics.models[m.config.name])
+                m.steps = step_batcher(m, self.metrics.models[name])
+                self._sequences.batchers[name] = m.steps
         engine.start(
             scheduler,
-            [(m.config, m.workers, m.shapes, m.steps) for m in self._models.values()],
+            [(m.config, m.workers, m.shapes) for m in self._models.values()],
+            self._sequences,
             inline=not backend.thread_affine,
         )
         self._engine = engine
@@ -147,8 +151,8 @@ class OfflineInference:
                 engine.cancel_all()
                 engine.wait_all(timeout)
             engine.close()
-        for runner in self._runners.values():  # sequences still waiting for a step
-            runner.abort(Closed("the OfflineInference was closed before the sequence ended"))
+        # sequences still waiting for a step
+        self._sequences.abort(Closed("the OfflineInference was closed before the sequence ended"))
         self.host_processes.close()
         if self._backend is not None:
             self._backend.close()
@@ -233,12 +237,12 @@ class OfflineInference:
         state: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> LiveSequence:
-        """Open a sequence of the stateful `model` (recipe key `state:`): `rows` slots of
+        """Open a sequence of the stateful `model` (recipe key `state:`): `rows` lanes of
         its carried state (one per row, e.g. per beam), zeros or `state` (carried input name
         -> one item for every row, or `rows` items). Waits up to `timeout` seconds for free
-        slots (`max_sequences` in all), then raises `QueueFull`. Use it as a context
+        lanes (`max_sequences` in all), then raises `QueueFull`. Use it as a context
         manager; see `inferchain.sequence`."""
-        self._running_engine()
+        engine = self._running_engine()
         loaded = self._model(model)
         pool = loaded.pool
         if pool is None:
@@ -253,58 +257,95 @@ class OfflineInference:
             raise InvalidInput(
                 f"model {model!r}: {unknown} are not carried inputs (carried: {list(pool.inputs)})"
             )
-        slots = pool.acquire(dict(state or {}), timeout, rows)
+        lanes = pool.acquire(dict(state or {}), timeout, rows)
         steps = loaded.steps
         assert steps is not None
+        cancel = functools.partial(self._cancel_step, steps)
 
-        def one(inputs: Mapping[str, Any], slot: int, callback: Callback | None) -> Request:
-            return steps.step(self._take_ids(1), inputs, slot, callback)
+        def one(inputs: Mapping[str, Any], lane: int, callback: Callback | None) -> Request:
+            item, key = steps.item(inputs, lane)
+            request = steps.request(self._take_ids(1), item, callback, cancel)
+            self._queue_steps(steps, [request], [lane], [item], [key])
+            return request
 
-        return LiveSequence(model, pool, slots, functools.partial(self._step, model), one)
+        def release(lanes: np.ndarray) -> None:  # waiting run_sequence()s may start now
+            pool.release(lanes)
+            engine.wake()
+
+        submit = functools.partial(self._step, model)
+        return LiveSequence(model, pool, lanes, submit, one, release)
 
     def _step(
         self,
         model: str,
         inputs: Mapping[str, Any],
-        slots: np.ndarray,
+        lanes: np.ndarray,
         options: dict[str, Any],
-        rows: bool,
+        many: bool,
         before: Callable[[], None] | None = None,
     ) -> list[Request]:
-        """Submit one step of the sequence in `slots`: `inputs` of its one row, or (`rows`)
-        one row per slot; `before` runs once the inputs are checked (a reorder of the
-        sequence's state). Plain steps join the model's PendingSteps, which hands the
-        engine one Work per step batch; a step with a priority or a timeout is a Work of
-        its own."""
+        """Submit one step of the sequence on `lanes`: `inputs` of its one row, or (`many`)
+        one row per lane; `before` runs once the inputs are checked (a reorder of the
+        sequence's state). Plain steps join the model's StepBatcher, which forms one Work
+        per step batch; a step with a priority or a timeout is a Work of its own."""
         unknown = sorted(set(options) - {"priority", "timeout", "callback"})
         if unknown:
             raise TypeError(f"step() got unexpected options {unknown}")
-        steps = self._model(model).steps
+        loaded = self._model(model)
+        steps = loaded.steps
         assert steps is not None
-        if rows:
-            items, keys = steps.rows(inputs, slots)
+        if many:
+            items, keys = steps.rows(inputs, lanes)
         else:
-            item, key = steps.item(inputs, int(slots[0]))
+            item, key = steps.item(inputs, int(lanes[0]))
             items, keys = [item], [key]
         if before is not None:
             before()
-        if options.keys() - {"callback"}:
-            works = self._works(model, items, per_item=True, **options)
-            pool = steps.pool
-            start = 0
-            for work in works:  # runs of equal shapes: all of them, for a sequence
-                pool.bind(work, slots[start : start + work.rows])
-                start += work.rows
-                if pool.on_device:  # batches only with other steps: outputs not carried
-                    work.names = self._model(model).step_names
-                    work.batch_key = ("steps", work.batch_key)
-                self._running_engine().submit(work)
-            return [r for w in works for r in w.requests or ()]
         first = self._take_ids(len(items))
         callback = options.get("callback")
-        requests = [steps.request(first + j, item, callback) for j, item in enumerate(items)]
-        steps.add(requests, slots.tolist(), items, keys)
+        if options.keys() - {"callback"}:
+            config = loaded.config
+            priority = options.get("priority")
+            prio = config.priority if priority is None else priority
+            timeout = options.get("timeout", config.timeout_s)
+            deadline = None if timeout is None else time.perf_counter() + timeout
+            engine = self._running_engine()
+            requests = [
+                steps.request(first + j, it, callback, engine.cancelled, priority=prio,
+                              deadline=deadline)
+                for j, it in enumerate(items)
+            ]  # fmt: skip
+            work = steps.work_of(first, requests, lanes, items, priority=prio, deadline=deadline)
+            engine.submit(work)
+            return requests
+        cancel = functools.partial(self._cancel_step, steps)
+        requests = [steps.request(first + j, it, callback, cancel) for j, it in enumerate(items)]
+        self._queue_steps(steps, requests, lanes.tolist(), items, keys)
         return requests
+
+    def _queue_steps(
+        self,
+        steps: StepBatcher,
+        requests: Sequence[Request],
+        lanes: Sequence[int],
+        items: Sequence[tuple[np.ndarray, ...]],
+        keys: Sequence[Any],
+    ) -> None:
+        """Queue steps in their StepBatcher and submit the batches they complete, under its
+        lock: a cancel of one of their steps then reaches the engine after the batch."""
+        engine = self._running_engine()
+        with steps.lock:
+            formed, new_group = steps.add(requests, lanes, items, keys)
+            for work in formed:
+                engine.submit_steps(work)
+        if new_group:
+            engine.wake()  # the loop times the new group's window
+
+    def _cancel_step(self, steps: StepBatcher, request: Request) -> None:
+        """A step request was cancelled: it leaves its StepBatcher, or the engine hears of
+        it where it is in a batch already."""
+        if not steps.cancelled(request) and self._engine is not None:
+            self._engine.cancelled(request)
 
     def run_sequence(
         self, model: str, stepper: Stepper, item: Any, *, timeout: float | None = None
@@ -315,35 +356,49 @@ class OfflineInference:
         Request that ends DONE with `stepper.result(state)` as its outputs (or ERROR with
         what failed); cancel it to end the sequence at its next step. With `timeout`
         (seconds), it ends TIMED_OUT once that has passed, between two of its steps or
-        while it waits for slots (checked as its runner's step batches land and slots are
-        freed), and its slots are freed. See docs/sequences.md."""
-        engine = self._running_engine()
+        while it waits for lanes (the engine's loop wakes for it), and its lanes are freed.
+        See docs/sequences.md."""
+        self._running_engine()
         loaded = self._model(model)
-        if loaded.pool is None:
+        pool = loaded.pool
+        if pool is None:
             raise ConfigError(
                 f"{self.recipe.source}: model {model!r} carries no state between steps "
                 "(recipe key `state:`); run_sequence() needs a stateful model"
             )
-        key = (model, id(stepper))
-        with self._lock:
-            runner = self._runners.get(key)
-            if runner is None:
-                runner = self._runners[key] = SequenceRunner(
-                    loaded.pool,
-                    loaded.spec,
-                    stepper,
-                    names=loaded.step_names,
-                    shapes=loaded.shapes,
-                    batch_rows=loaded.config.batch_rows,
-                    cohorts=stepper.cohorts,
-                    submit=engine.submit_steps,
-                    take_id=lambda: self._take_ids(1),
-                    record=self.metrics.models[model].record_steps_formed,
-                )
+
+        def make() -> SequenceRunner:
+            return SequenceRunner(
+                pool,
+                loaded.spec,
+                stepper,
+                names=loaded.step_names,
+                shapes=loaded.shapes,
+                batch_rows=loaded.config.batch_rows,
+                cohorts=stepper.cohorts,
+                take_id=lambda: self._take_ids(1),
+                record=self.metrics.models[model].record_steps_formed,
+            )
+
+        runner = self._sequences.runner(model, id(stepper), make)
         deadline = None if timeout is None else time.perf_counter() + timeout
-        request = Request(self._take_ids(1), model, deadline=deadline, on_cancel=runner.cancelled)
-        runner.submit(request, item)
+
+        def cancel(request: Request) -> None:
+            self._submit_cohorts(runner, runner.cancelled(request))
+
+        request = Request(self._take_ids(1), model, deadline=deadline, on_cancel=cancel)
+        self._submit_cohorts(runner, runner.submit(request, item))
+        if deadline is not None:
+            self._running_engine().wake()  # the loop times the deadline while it waits
         return request
+
+    def _submit_cohorts(self, runner: SequenceRunner, works: list[Work]) -> None:
+        """Hand a runner's step batches to the engine; one it refuses ends its sequences."""
+        for work in works:
+            try:
+                self._running_engine().submit_steps(work)
+            except Exception as e:  # e.g. Closed: the engine is stopping
+                runner.refused(work, e)
 
     def flush(self, *, steps: bool = True, batches: bool | Literal["if_stalled"] = True) -> None:
         """Send what waits for others to form a batch now: the queued `steps` of sequences
@@ -352,9 +407,13 @@ class OfflineInference:
         models; with `batches="if_stalled"`, those only when nothing else is left to run.
         `run()` flushes fill batches when its input ends (and, if stalled, when it cannot
         start more items); `wait_all()` and `close()` flush everything first."""
+        engine = self._engine
         for m in self._models.values():
-            if steps and m.steps is not None and m.steps.num_pending:
-                m.steps.flush()
+            batcher = m.steps
+            if steps and batcher is not None and batcher.num_pending and engine is not None:
+                with batcher.lock:
+                    for work in batcher.flush():
+                        engine.submit_steps(work)
         if batches and self._engine is not None:
             self._engine.flush(if_stalled=batches == "if_stalled")
 
@@ -414,7 +473,9 @@ class OfflineInference:
         or with `on_error="return"` yielded in place of its outputs: an item that fails its
         input check too (its `InvalidInput`), and the items after it go on
         """
-        stream = self._stream(model, inputs, ordered, max_in_flight, priority, on_error=on_error)
+        stream = self._in_flight_works(
+            model, inputs, ordered, max_in_flight, priority, on_error=on_error
+        )
         for work in stream:
             for result in work.items():
                 if isinstance(result, BaseException) and on_error == "raise":
@@ -441,7 +502,7 @@ class OfflineInference:
         `InvalidInput`, as a range of its own, and the rows after it go on).
         """
         size = batch_size or self.recipe.model(model).batch_rows
-        stream = self._stream(
+        stream = self._in_flight_works(
             model, inputs, True, max_in_flight, priority, chunk=size, on_error=on_error
         )
         for work in stream:
@@ -450,7 +511,7 @@ class OfflineInference:
                     raise value
                 yield value
 
-    def _stream(
+    def _in_flight_works(
         self,
         model: str,
         inputs: Iterable[Any] | np.ndarray,
@@ -559,7 +620,7 @@ class OfflineInference:
             if not spec.batching:
                 groups = list(arrays)
             else:
-                shared = spec.shared
+                shared = spec.unbatched
                 groups = [stack(arrays[a:b], shared) for a, b in runs(arrays, shared)]
         self._check_room(loaded, groups)
         prio = config.priority if priority is None else priority
@@ -576,22 +637,24 @@ class OfflineInference:
                 tuple(a.shape[1:] for a in inputs) if batched else tuple(a.shape for a in inputs)
             )
             if batched:
-                key, joins = loaded.shapes.keys(exact, rows_shared_values(inputs, spec.shared))
+                unbatched = rows_unbatched_values(inputs, spec.unbatched)
+                key, joins = loaded.shapes.keys(exact, unbatched)
             else:
                 key = joins = exact
             if run is not None:
                 joins = (run, joins)  # anchored: two runs never share a batch
             rows = len(inputs[0]) if batched else 1
-            first = self._take_ids(rows if per_item else 1)
-            work = Work(
-                first,
+            work = Work.for_items(
+                self._take_ids(rows if per_item else 1),
                 model,
                 inputs,
+                per_item=per_item,
+                callback=callback,
+                created=now,
                 shape_key=key,
                 batch_key=joins,
                 exact=exact,
                 names=names,
-                submitted=now,
                 batched=batched,
                 priority=prio,
                 deadline=deadline,
@@ -600,25 +663,6 @@ class OfflineInference:
                 listener=listener,
                 run=run,
             )
-            if per_item:  # each row's inputs are views made only when asked for
-                lock = work.lock
-                on_cancel = engine.cancelled
-                work.requests = tuple(
-                    Request(
-                        first + i,
-                        model,
-                        priority=prio,
-                        deadline=deadline,
-                        depends_on=depends_on,
-                        callback=callback,
-                        on_cancel=on_cancel,
-                        work=work,
-                        row=i,
-                        lock=lock,
-                        created=now,
-                    )
-                    for i in range(rows)
-                )
             works.append(work)
         return works
 

@@ -1,17 +1,17 @@
 """`oi.sequence(model)`: one live sequence of a stateful model, stepped from Python.
 
-    with oi.sequence("vad") as seq:              # takes a state slot (zeros)
+    with oi.sequence("vad") as seq:              # takes a state lane (zeros)
         for chunk in chunks:
             out = seq.step({"input": chunk, "sr": sr}).result()
 
 Inside a recipe pipeline, `out = yield seq.step(...)` instead: the steps of many items'
 sequences then batch together, step by step. The carried inputs (the recipe's `state:`
-pairs) are never passed to `step()`: they come from the sequence's slot, and the model's
-carried outputs go back into it after each step. Leaving the `with` block (or `close()`)
-frees the slot, once the last step submitted has ended.
+pairs) are never passed to `step()`: they come from the sequence's lane of the model's
+StatePool, and the model's carried outputs go back into it after each step. Leaving the
+`with` block (or `close()`) frees the lane, once the last step submitted has ended.
 
 A sequence of several rows (`oi.sequence(model, rows=k)`, e.g. the k beams of a beam
-search) holds k slots; `step_rows(inputs, reorder=...)` submits one step of all its rows
+search) holds k lanes; `step_rows(inputs, reorder=...)` submits one step of all its rows
 (row j of each input is row j's) and may first reorder their carried state.
 
 Where the host logic of a step can be written for many sequences at once with numpy, a
@@ -21,60 +21,128 @@ once per sequence and step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from inferchain.closing import Closing
 from inferchain.core.request import Request, RequestState
-from inferchain.core.runner import Stepper
-from inferchain.core.sequences import StatePool
+from inferchain.core.state_pool import StatePool
+from inferchain.core.step_batcher import STEP_COHORTS
 from inferchain.errors import Closed, InvalidInput, RequestError
 
-# (inputs, slots, options, rows, before): the step's requests; see OfflineInference._step
 __all__ = ["LiveSequence", "Stepper"]
 
+# (inputs, lanes, options, many rows, before): the step's requests; OfflineInference._step
 SubmitStep = Callable[
     [Mapping[str, Any], np.ndarray, dict[str, Any], bool, Callable[[], None] | None],
     list[Request],
 ]
-StepOne = Callable[[Mapping[str, Any], int, Any], Request]  # (inputs, slot, callback)
+StepOne = Callable[[Mapping[str, Any], int, Any], Request]  # (inputs, lane, callback)
+Release = Callable[[np.ndarray], None]  # gives a closed sequence's lanes back
+
+
+class Stepper:
+    """The host logic of many sequences of one model at once (`oi.run_sequence`).
+
+    Where a pipeline's generator steps one sequence, a stepper steps every sequence of a
+    batch together, with numpy over all their rows: the framework calls it once per step
+    batch, not once per sequence, so the host's cost per step is a few numpy calls shared by
+    the batch. A sequence has `rows` rows of carried state (e.g. one per beam).
+
+    - `start(item)`: one sequence's host state, when it is submitted (the caller's thread);
+    - `initial(state)`: its initial carried state, or None for zeros;
+    - `feed(states)`: the next step's inputs that are not carried, for the sequences
+      `states` in order: name -> array of `len(states) * rows` rows (the rows of
+      `states[0]` first); an unbatched input (`batched: false`) gets its one value;
+    - `take(states, outputs)`: the step's outputs (name -> rows, carried ones included,
+      except where the state stays in device memory: acl) for those sequences; update
+      the states and return a bool per sequence, True where it has ended, and optionally
+      `reorder`, ints [len(states), rows]: row j of a sequence goes on from the carried
+      state its row `reorder[i, j]` had (a beam search);
+    - `result(state)`: an ended sequence's result.
+
+    `start` runs on the caller's thread; `initial`, `feed`, `take` and `result` run one call
+    at a time, on the caller's thread or the engine's loop thread outside the engine's lock:
+    they must not block. An exception fails the sequences of that call only.
+
+    `cohorts`: step batches of this stepper's sequences on their way at once. While one is
+    on a worker, `take` and `feed` of another run on the host; take more where the host
+    step is long next to the model's, or the model has more instances.
+
+    `steps_per_batch` K > 1 (multi-step batches): where the inputs of a sequence's next
+    steps do not depend on the outputs of the previous ones (a stream's next chunks), one
+    batch runs K steps of its sequences on the worker, the state carried from one to the
+    next there, and the host logic runs once per K steps. `feed` then gives each batched
+    input as [len(states) * rows, K, *item] (the K steps of each row, at the shape the
+    model runs them; a sequence with fewer steps left pads them with any values the model
+    accepts and ends in this `take`),
+    and `take` gets every output as [len(states) * rows, K, *item]. A cancel or a deadline
+    takes effect between batches, so after at most K steps.
+    """
+
+    rows: int = 1
+    cohorts: int = STEP_COHORTS
+    steps_per_batch: int = 1
+
+    def start(self, item: Any) -> Any:
+        return item
+
+    def initial(self, state: Any) -> Mapping[str, np.ndarray] | None:
+        """The sequence's initial carried state (input name -> one item for every row, or
+        `rows` items), when it gets its lanes; None: the recipe's `state_init` (zeros)."""
+        return None
+
+    def feed(self, states: Sequence[Any]) -> Mapping[str, np.ndarray]:
+        raise NotImplementedError
+
+    def take(
+        self, states: Sequence[Any], outputs: Mapping[str, np.ndarray]
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray | None]:
+        raise NotImplementedError
+
+    def result(self, state: Any) -> Any:
+        return state
 
 
 class LiveSequence(Closing):
-    """One sequence of `model`: its slots, and its steps in order (one at a time)."""
+    """One sequence of `model`: its lanes, and its steps in order (one at a time)."""
 
     def __init__(
         self,
         model: str,
         pool: StatePool,
-        slots: np.ndarray,
+        lanes: np.ndarray,
         submit: SubmitStep,
         step_one: StepOne | None = None,
+        release: Release | None = None,
     ) -> None:
         """`submit` takes any step; `step_one`, a plain step of a one-row sequence (the
-        fast path of `step()`, with no option but a callback)."""
+        fast path of `step()`, with no option but a callback); `release` gives the lanes
+        back once the sequence is closed and its last step has ended (default: to the
+        pool)."""
         self.model = model
-        self.slots = slots  # its rows in every carried-state array of the pool
-        self.rows = len(slots)
+        self.lanes = lanes  # its rows in every carried-state array of the pool
+        self.rows = len(lanes)
         self.steps = 0  # steps submitted so far
         self._pool = pool
         self._submit = submit
         self._one = step_one
-        self._slot = int(slots[0])
+        self._release = release or pool.release
+        self._lane = int(lanes[0])
         self._last: list[Request] = []
         self._closed = False
 
     @property
-    def slot(self) -> int:
-        """The one slot of a one-row sequence."""
+    def lane(self) -> int:
+        """The one lane of a one-row sequence."""
         if self.rows != 1:
-            raise InvalidInput(f"{self!r} has {self.rows} rows: see `slots`")
-        return self._slot
+            raise InvalidInput(f"{self!r} has {self.rows} rows: see `lanes`")
+        return self._lane
 
     def __repr__(self) -> str:
-        return f"<LiveSequence {self.model} slots={self.slots.tolist()} steps={self.steps}>"
+        return f"<LiveSequence {self.model} lanes={self.lanes.tolist()} steps={self.steps}>"
 
     def step(self, inputs: Mapping[str, Any], **options: Any) -> Request:
         """Submit the next step of a one-row sequence (`inputs`: name -> array for the
@@ -92,13 +160,13 @@ class LiveSequence(Closing):
             and isinstance(inputs, dict)
             and options.keys() <= {"callback"}
             and self._pool.inputs.keys().isdisjoint(inputs)
-            and not self._pool.lost(self.slots)
+            and not self._pool.lost(self.lanes)
         ):
-            request = self._one(inputs, self._slot, options.get("callback"))
+            request = self._one(inputs, self._lane, options.get("callback"))
             self._last = [request]
         else:
             self._check(inputs)
-            self._last = self._submit(inputs, self.slots, options, False, None)
+            self._last = self._submit(inputs, self.lanes, options, False, None)
         self.steps += 1
         return self._last[0]
 
@@ -121,10 +189,10 @@ class LiveSequence(Closing):
                     f"sequence of model {self.model!r}: reorder must be {k} row numbers in "
                     f"[0, {k}), got {order!r}"
                 )
-        pool, slots = self._pool, self.slots
-        # row j goes on from the state of its row order[j]: a gather within its own slots
-        before = None if reorder is None else lambda: pool.move(slots, slots[order])
-        requests = self._submit(inputs, slots, options, True, before)  # reorders once checked
+        pool, lanes = self._pool, self.lanes
+        # row j goes on from the state of its row order[j]: a gather within its own lanes
+        before = None if reorder is None else lambda: pool.move(lanes, lanes[order])
+        requests = self._submit(inputs, lanes, options, True, before)  # reorders once checked
         self._last = requests
         self.steps += 1
         return requests
@@ -145,7 +213,7 @@ class LiveSequence(Closing):
                     f"{last.state.name} ({last.error}); its state is lost, the sequence "
                     "cannot go on"
                 )
-        if self._pool.lost(self.slots):
+        if self._pool.lost(self.lanes):
             raise self._pool.lost_error()
         if not isinstance(inputs, Mapping):
             raise InvalidInput(
@@ -160,20 +228,20 @@ class LiveSequence(Closing):
             )
 
     def close(self) -> None:
-        """End the sequence; its slots are freed once its last step has ended."""
+        """End the sequence; its lanes are freed once its last step has ended."""
         if self._closed:
             return
         self._closed = True
-        pool, slots, last = self._pool, self.slots, self._last
+        release, lanes, last = self._release, self.lanes, self._last
         if not last:
-            pool.release(slots)
+            release(lanes)
             return
         left = [len(last)]
 
         def ended(_: Request) -> None:
             left[0] -= 1
             if left[0] == 0:
-                pool.release(slots)
+                release(lanes)
 
         for r in last:
             r.add_done_listener(ended)

@@ -32,6 +32,7 @@ log = get_logger(__name__)
 
 Shape = tuple[int, ...]
 ShapeKey = tuple[Shape, ...]  # one item shape per model input
+_KEYS_KEPT = 64  # (item shapes, unbatched values) whose keys `keys()` remembers
 
 
 def fits(shapes: ShapeKey, bucket: ShapeKey) -> bool:
@@ -141,6 +142,7 @@ class ShapePolicy:
         self._item_shapes = self.layout.item_shapes(inputs)
         self._lock = threading.Lock()
         self._sample: list[ShapeKey] = []
+        self._keys: dict[tuple[ShapeKey, Hashable], tuple[ShapeKey, Hashable]] = {}  # keys()
         static = model.max_batch_size > 0 and all(None not in s for s in self._item_shapes)
         self.buckets: list[ShapeKey] = self._buckets(config.buckets, static, len(inputs))
         self.crops = tuple(self._crop(c, inputs, outputs) for c in config.crop_outputs or ())
@@ -193,10 +195,16 @@ class ShapePolicy:
     def keys(self, exact: ShapeKey, values: Hashable = None) -> tuple[ShapeKey, Hashable]:
         """The shape key of rows of item shapes `exact` (`key_of`), and what rows must
         share to run in one batch: their group (`group_of`) and, for a model with
-        unbatched inputs, those inputs' values (`inputs.rows_shared_values`)."""
+        unbatched inputs, those inputs' values (`inputs.rows_unbatched_values`)."""
+        found = self._keys.get((exact, values))
+        if found is not None:
+            return found
         key = self.key_of(exact)
         group = self.group_of(key)
-        return key, group if values is None else (group, values)
+        found = key, group if values is None else (group, values)
+        if self.settled and len(self._keys) < _KEYS_KEPT:  # the same from now on
+            self._keys[(exact, values)] = found
+        return found
 
     def group_of(self, key: ShapeKey) -> Hashable:
         """What items of batch key `key` must share to run in one batch: the key itself, or

@@ -1,4 +1,6 @@
-"""Tensor descriptors: what a model declares about each input and output."""
+"""The records both sides of the backend interface read: what a model declares about each
+input and output (`TensorDesc`, `ModelInfo`), and where a batch's sequence state lives on the
+device (`StateRows`)."""
 
 from __future__ import annotations
 
@@ -68,3 +70,47 @@ class ModelInfo:
             "instances": self.instances,
             "metadata": dict(self.metadata),
         }
+
+
+@attrs.frozen(eq=False)
+class StateRows:
+    """Where the carried state of a batch of sequence steps lives, for a session that keeps
+    it in device slots (`Session.open_state`): per batch row, the slot its state is read
+    from, the slot its carried outputs go to, and whether it is a sequence's first step
+    (its state is then the host input row: the initial value), and the first slot of its
+    sequence (`home`: where the sequence's constant inputs are kept, one copy for all its
+    rows; None: each row's own `write` slot)."""
+
+    read: np.ndarray  # intp, one per row (a reorder reads another row's slot)
+    write: np.ndarray  # intp, one per row
+    fresh: np.ndarray  # bool, one per row
+    home: np.ndarray | None = None  # intp, one per row: its sequence's first slot
+
+    @property
+    def homes(self) -> np.ndarray:
+        """Per row, the slot that holds its sequence's constant inputs."""
+        return self.write if self.home is None else self.home
+
+    def part(self, start: int, stop: int) -> StateRows:
+        """The rows `start:stop` (a batch that holds part of a work)."""
+        if start == 0 and stop == len(self.read):
+            return self
+        cut = slice(start, stop)
+        home = None if self.home is None else self.home[cut]
+        return StateRows(self.read[cut], self.write[cut], self.fresh[cut], home)
+
+    @staticmethod
+    def join(parts: Sequence[StateRows]) -> StateRows:
+        """One batch's rows from its works' parts, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        return StateRows(
+            np.concatenate([p.read for p in parts]),
+            np.concatenate([p.write for p in parts]),
+            np.concatenate([p.fresh for p in parts]),
+            np.concatenate([p.homes for p in parts]),
+        )
+
+    def stepped(self) -> StateRows:
+        """The same rows at their next step: each reads the slot it wrote, none is fresh."""
+        return StateRows(self.write, self.write, np.zeros(len(self.write), bool), self.home)

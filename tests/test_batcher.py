@@ -238,9 +238,8 @@ def test_forget_removes_dropped_rows_from_num_ready_and_take_skips_the_work() ->
     b.add(dropped)
     b.add(kept)
     b.take(dropped.shape_key)  # rows 0-4 of `dropped`
-    b.forget(dropped, 2)  # as the engine drops its untaken rows
-    dropped.taken = dropped.rows
-    assert b.num_ready == 2
+    assert b.forget(dropped) == 2  # as the engine drops its untaken rows
+    assert dropped.taken == dropped.rows and b.num_ready == 2
     slices, rows = b.take(dropped.shape_key)
     assert spans(slices) == [(2, 0, 2, 0)] and rows == 2
     assert b.num_ready == 0
@@ -249,7 +248,8 @@ def test_forget_removes_dropped_rows_from_num_ready_and_take_skips_the_work() ->
 def test_forget_of_a_work_no_group_holds_changes_nothing() -> None:
     b = create_batcher()
     b.add(create_work(1, rows=3))
-    b.forget(create_work(2, width=7), 1)
+    other = create_work(2, width=7)
+    assert b.forget(other) == 1 and other.taken == 1
     assert b.num_ready == 3
 
 

@@ -1,9 +1,10 @@
 """The ExecutionEngine's step without threads: what it dispatches, and what it does with the
 results posted back.
 
-The loop thread is never started: the test calls `_step(now)` under the engine's lock, as the
-loop does, at the times it chooses, with the real Scheduler and ModelBatcher and a fake worker
-that records the batches it is handed. Results are posted as a worker posts them
+The loop thread is never started: the test calls `_step_and_after(now)` (the step under the
+engine's lock, then what it leaves for after it), as the loop does, at the times it chooses,
+with the real Scheduler and ModelBatcher and a fake worker that records the batches it is
+handed. Results are posted as a worker posts them
 (`engine.post(BatchResult(...))`), so every interleaving here is the test's own.
 """
 
@@ -13,14 +14,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-import inferchain.core.engine as engine_module
 from inferchain.config import ModelConfig, SchedulerConfig
 from inferchain.core.engine import ExecutionEngine
 from inferchain.core.records import Batch, BatchResult, BatchTiming
 from inferchain.core.request import Request, RequestState
 from inferchain.core.scheduler import Scheduler
+from inferchain.core.sequence_runner import SequenceRunner
+from inferchain.core.state_pool import StatePool
 from inferchain.core.work import Work
+from inferchain.core.workers import WorkerSet
 from inferchain.errors import BackendError
+from inferchain.inputs import InputSpec
 from inferchain.metrics import Metrics
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import TensorDesc
@@ -63,7 +67,7 @@ class Harness:
         # what `start()` sets, without starting the loop and callback threads
         self.engine._scheduler = Scheduler(SchedulerConfig(), [model])
         self.engine._models = {
-            model.name: engine_module._Model(model, self.workers, shapes)  # type: ignore[arg-type]
+            model.name: WorkerSet(model, self.workers, shapes)  # type: ignore[arg-type]
         }
         self.next_id = 1
 
@@ -85,8 +89,7 @@ class Harness:
     def step(self, now: float) -> float | None:
         """One step of the loop at `now`, on the test's thread: no engine thread ever ran."""
         assert self.engine._thread.ident is None and self.engine._callbacks._thread.ident is None
-        with self.engine._lock:
-            return self.engine._step(now)
+        return self.engine._step_and_after(now)
 
     def dispatched(self) -> list[Batch]:
         """Every batch handed to any worker, in order."""
@@ -263,3 +266,87 @@ def test_batches_go_to_the_least_loaded_worker() -> None:
         [[(1, 0, 1)], [(1, 2, 3)]],
         [[(1, 1, 2)], [(1, 3, 4)]],
     ]
+
+
+# -- user code runs after the step, outside the engine's lock ---------------------------------
+
+
+class CountingStepper:
+    """Two steps per sequence of x -> y; it records whether the engine's lock was held."""
+
+    rows = 1
+    cohorts = 1
+    steps_per_batch = 1
+
+    def __init__(self, engine: ExecutionEngine) -> None:
+        self.engine = engine
+        self.locked: list[bool] = []
+
+    def start(self, item: float) -> list[float]:
+        return [item]
+
+    def initial(self, state: list[float]) -> None:
+        return None
+
+    def feed(self, states: Sequence[list[float]]) -> dict[str, np.ndarray]:
+        self.locked.append(self.engine._lock.locked())
+        return {"x": np.array([[s[-1]] * 4 for s in states], np.float32)}
+
+    def take(self, states: Sequence[list[float]], outputs: dict[str, np.ndarray]) -> np.ndarray:
+        self.locked.append(self.engine._lock.locked())
+        for s, y in zip(states, outputs["y"], strict=True):
+            s.append(float(y[0]))
+        return np.array([len(s) > 2 for s in states])
+
+    def result(self, state: list[float]) -> list[float]:
+        self.locked.append(self.engine._lock.locked())
+        return state
+
+
+def test_a_steppers_code_runs_after_the_step_and_its_next_batch_goes_in_the_next() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3))
+    model = h.engine._models["m"]
+    desc = [TensorDesc("x", (None, 4), np.float32)]
+    shapes = ShapePolicy(model.config, desc, [TensorDesc("y", (None, 4), np.float32)])
+    stepper = CountingStepper(h.engine)
+    ids = iter(range(100, 200))
+    runner = SequenceRunner(
+        StatePool("m", [], [], [], 4),
+        InputSpec("m", desc, batching=True),
+        stepper,
+        names=("y",),
+        shapes=shapes,
+        batch_rows=4,
+        take_id=lambda: next(ids),
+    )
+    h.engine._sequences.runner("m", id(stepper), lambda: runner)
+    request = Request(1, "m")
+    for work in runner.submit(request, 1.0):  # the caller's thread: its first step batch
+        h.engine.submit_steps(work)
+    h.step(T0)
+    (first,) = h.dispatched()
+    h.finish(first)
+    assert h.step(T0) == 0.0  # the stepper took the outputs after the step: step again
+    assert len(h.dispatched()) == 1  # its next batch is in the inbox, not yet dispatched
+    h.step(T0)
+    second = h.dispatched()[1]
+    assert second.slices[0].work.inputs[0][0, 0] == 1.5  # fed from the first step's y
+    h.finish(second)
+    h.step(T0)
+    assert request.state is S.DONE
+    assert request.outputs == [1.0, 1.5, 2.0]  # type: ignore[comparison-overlap]
+    assert stepper.locked == [False] * 5  # feed, take, feed, take and result
+    assert h.engine.wait_all(0)
+
+
+def test_done_listeners_of_the_requests_a_step_ends_run_after_it_outside_the_lock() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3))
+    work = h.work(2)
+    assert work.requests is not None
+    seen: list[tuple[int, bool]] = []
+    for r in work.requests:
+        r.add_done_callback(lambda r: seen.append((r.id, h.engine._lock.locked())))
+    h.step(T0)
+    h.finish(h.dispatched()[0])
+    h.step(T0)
+    assert sorted(seen) == [(1, False), (2, False)]

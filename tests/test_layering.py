@@ -172,3 +172,49 @@ def test_the_factory_loads_concrete_backends_only_when_asked() -> None:
     lazy = [name for _, name in imports("backends/factory.py")]
     for backend in ("inferchain.backends.onnxruntime", "inferchain.backends.acl"):
         assert any(within(name, backend) for name in lazy), f"the factory never loads {backend}"
+
+
+def runtime_imports(rel: str) -> list[str]:
+    """The inferchain modules `rel` imports when it is imported (its module-level imports,
+    `if TYPE_CHECKING:` left out), each as a module path relative to the package."""
+    tree = ast.parse((PACKAGE / rel).read_text(encoding="utf-8"))
+    module = module_name(rel)
+    found = []
+    for stmt in tree.body:
+        if not isinstance(stmt, ast.Import | ast.ImportFrom):
+            continue
+        for name in targets(stmt, module, rel.endswith("__init__.py")):
+            parts = name.split(".")
+            while parts and parts[0] == "inferchain":
+                path = "/".join(parts[1:])
+                hit = next((m for m in (f"{path}.py", f"{path}/__init__.py") if m in MODULES), None)
+                if hit is not None:
+                    found.append(hit)
+                    break
+                parts = parts[:-1]  # `from a.b import name`: the module is a.b
+    return found
+
+
+def closure(rel: str) -> set[str]:
+    """Every inferchain module importing `rel` imports with it, itself included."""
+    seen: set[str] = set()
+    todo = [rel]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        todo.extend(runtime_imports(current))
+    return seen
+
+
+@pytest.mark.parametrize("rel", ["core/scheduler.py", "core/engine.py"])
+def test_the_scheduler_and_the_engine_import_no_backend_module_even_indirectly(rel: str) -> None:
+    reached = sorted(m for m in closure(rel) if m.startswith("backends/"))
+    assert not reached, f"inferchain/{rel} imports {reached} (through its imports)"
+
+
+def test_the_closure_follows_imports_through_modules() -> None:
+    """The check above can fail: the worker reaches the backend interface through them."""
+    assert "backends/base.py" in closure("core/worker.py")
+    assert "core/request.py" in closure("core/engine.py")

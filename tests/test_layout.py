@@ -81,7 +81,7 @@ def test_an_item_is_the_model_shape_without_its_batch_axis() -> None:
     layout = Layout.of(silero, SILERO_IN, SILERO_OUT)
     assert layout.inputs == (0, 1, None) and layout.outputs == (0, 1)
     assert layout.item_shapes(SILERO_IN) == ((None,), (2, 128), ())
-    assert layout.shared == (2,) and layout.moved_outputs == ((1, 1),)
+    assert layout.unbatched == (2,) and layout.moved_outputs == ((1, 1),)
 
 
 def test_the_batch_limit_is_read_on_each_inputs_batch_axis() -> None:

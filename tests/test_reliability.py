@@ -25,6 +25,7 @@ from hypothesis.stateful import (
 
 import inferchain as ic
 import inferchain.core.engine as engine_module
+import inferchain.core.workers as workers_module
 from inferchain import RequestState as S
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.testing.faults import FaultyBackend
@@ -146,7 +147,7 @@ def test_priority_order_end_to_end(mlp_path: Path) -> None:
 def test_cancelling_the_last_ready_rows_settles_their_work_once(
     mlp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_module, "QUEUE_MAX", 2)  # the worker holds two batches at most
+    monkeypatch.setattr(workers_module, "QUEUE_MAX", 2)  # the worker holds two batches at most
     r = mlp(mlp_path, max_batch_size=1, max_queue_delay_ms=1000)
     oi, backend = faulty(r, hold_runs={1})
     with oi:

@@ -210,7 +210,7 @@ def test_a_dependent_waits_until_its_dependency_is_done() -> None:
     assert scheduler.schedule(0.0).admitted == ()
     assert ids(scheduler.waiting_works()) == [1]
     end_request(dep, S.DONE)
-    scheduler.settled(dep)
+    scheduler.dependency_ended(dep)
     assert not scheduler.watches(100)
     assert ids(scheduler.schedule(0.0).admitted) == [1]
 
@@ -220,10 +220,10 @@ def test_a_dependent_waits_for_every_one_of_its_dependencies() -> None:
     first, second = create_request(100), create_request(101)
     scheduler.add(create_work(1, depends_on=[first, second]))
     end_request(first, S.DONE)
-    scheduler.settled(first)
+    scheduler.dependency_ended(first)
     assert scheduler.schedule(0.0).admitted == ()
     end_request(second, S.DONE)
-    scheduler.settled(second)
+    scheduler.dependency_ended(second)
     assert ids(scheduler.schedule(0.0).admitted) == [1]
 
 
@@ -243,7 +243,7 @@ def test_a_dependency_ending_without_outputs_fails_the_dependent(end: RequestSta
     work = create_work(1, depends_on=[dep])
     scheduler.add(work)
     end_request(dep, end)
-    scheduler.settled(dep)
+    scheduler.dependency_ended(dep)
     plan = scheduler.schedule(0.0)
     assert plan.admitted == ()
     ((failed, error),) = plan.failed
@@ -270,7 +270,7 @@ def test_a_failed_dependent_is_reported_once_even_when_two_dependencies_fail() -
     scheduler.add(work)
     for dep in (first, second):
         end_request(dep, S.ERROR)
-        scheduler.settled(dep)
+        scheduler.dependency_ended(dep)
     plan = scheduler.schedule(0.0)
     assert [w for w, _ in plan.failed] == [work]
     assert scheduler.schedule(0.0) is EMPTY_PLAN
@@ -286,7 +286,7 @@ def test_a_dependent_dropped_while_blocked_is_never_admitted() -> None:
     work.finish()
     assert scheduler.num_waiting == 0
     end_request(dep, S.DONE)
-    scheduler.settled(dep)
+    scheduler.dependency_ended(dep)
     assert scheduler.schedule(0.0) is EMPTY_PLAN
 
 
@@ -410,7 +410,7 @@ def test_has_news_tells_whether_the_next_schedule_may_admit_or_fail_something() 
     scheduler.schedule(0.0)
     assert not scheduler.has_news  # blocked on its dependency
     end_request(dep, S.ERROR)
-    scheduler.settled(dep)
+    scheduler.dependency_ended(dep)
     assert scheduler.has_news  # the dependent fails at the next schedule
 
 
@@ -425,7 +425,7 @@ def test_schedule_with_nothing_to_do_returns_the_empty_plan() -> None:
 def test_admit_now_admits_at_once_when_the_model_has_nothing_waiting() -> None:
     scheduler = create_scheduler({"a": 2})
     work = create_work(1, rows=2)
-    assert scheduler.admit_now(work)
+    assert scheduler.admit_now(work, 0.0)
     assert work.state is S.READY
     scheduler.add(create_work(3))
     assert scheduler.schedule(0.0).admitted == ()  # its slots are held
@@ -439,12 +439,12 @@ def test_admit_now_refuses_without_queueing_when_it_would_jump_the_queue() -> No
     scheduler.add(create_work(2, "a"))
     scheduler.schedule(0.0)
     behind = create_work(3, "a")  # work 2 is waiting
-    assert not scheduler.admit_now(behind)
-    scheduler.admit_now(create_work(4, "b"))
+    assert not scheduler.admit_now(behind, 0.0)
+    scheduler.admit_now(create_work(4, "b"), 0.0)
     no_room = create_work(5, "b")
-    assert not scheduler.admit_now(no_room)
+    assert not scheduler.admit_now(no_room, 0.0)
     with_deps = create_work(6, "b", depends_on=[create_request(100)])
-    assert not scheduler.admit_now(with_deps)
+    assert not scheduler.admit_now(with_deps, 0.0)
     for w in (behind, no_room, with_deps):
         assert w.state is S.WAITING
     assert ids(scheduler.waiting_works()) == [2]
@@ -515,7 +515,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _ended(self, r: Request) -> None:
         """What the engine does for each request that ends."""
         if self.scheduler.watches(r.id):
-            self.scheduler.settled(r)
+            self.scheduler.dependency_ended(r)
 
     def _end_waiting(self, w: Work, state: RequestState, error: BaseException) -> None:
         """End every row of a waiting work, then `drop` it (the engine's _drop_rows)."""

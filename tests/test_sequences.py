@@ -118,15 +118,15 @@ def test_a_cancelled_step_leaves_its_cohort_and_the_rest_run(acc_path: Path) -> 
         assert oi.wait_all(timeout=10)
 
 
-def test_slots_are_reused_and_bounded(acc_path: Path) -> None:
+def test_lanes_are_reused_and_bounded(acc_path: Path) -> None:
     with ic.OfflineInference(acc_recipe(acc_path, max_sequences=2)) as oi:
         a, b = oi.sequence("acc"), oi.sequence("acc")
-        with pytest.raises(ic.QueueFull, match="all 2 sequence slots"):
+        with pytest.raises(ic.QueueFull, match="all 2 sequence lanes"):
             oi.sequence("acc", timeout=0.01)
         a.step({"x": np.ones(W, np.float32)}).result(timeout=10)
         a.close()
-        c = oi.sequence("acc", timeout=1)  # a's slot, back to zeros
-        assert c.slot == a.slot
+        c = oi.sequence("acc", timeout=1)  # a's lane, back to zeros
+        assert c.lane == a.lane
         out = c.step({"x": np.ones(W, np.float32)}).result(timeout=10)["total"]
         np.testing.assert_array_equal(out, np.ones(W, np.float32))
         b.close()
@@ -222,8 +222,8 @@ class SequenceMachine(RuleBasedStateMachine):
     def open(self, start: float) -> None:
         initial = np.full(W, start, np.float32)
         seq = self.oi.sequence("acc", state={"state": initial}, timeout=5)
-        assert seq.slot not in self.live
-        self.live[seq.slot] = (seq, initial, True)
+        assert seq.lane not in self.live
+        self.live[seq.lane] = (seq, initial, True)
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())

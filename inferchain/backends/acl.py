@@ -36,12 +36,12 @@ from inferchain.backends.acl_constants import plan as plan_constants
 from inferchain.backends.acl_gears import DimsGear, batch_gear, pick_dims, split_dims, with_rows
 from inferchain.backends.acl_reports import Reports
 from inferchain.backends.acl_state import Carried, DeviceState, plan
-from inferchain.backends.base import Backend, Session, StateRows
+from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
 from inferchain.errors import BackendError, LoadError
 from inferchain.layout import Axis, Layout
 from inferchain.logs import get_logger
-from inferchain.tensors import TensorDesc
+from inferchain.tensors import StateRows, TensorDesc
 
 log = get_logger(__name__)
 

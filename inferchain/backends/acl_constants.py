@@ -39,8 +39,8 @@ from inferchain.backends.acl_api import (
 from inferchain.backends.acl_buffers import Slot
 from inferchain.backends.acl_gears import DimsGear
 from inferchain.backends.acl_state import ALIGN, runs
-from inferchain.backends.base import StateRows
 from inferchain.layout import Axis
+from inferchain.tensors import StateRows
 
 Call = Callable[[int, str], None]  # checks a return code, naming the call
 

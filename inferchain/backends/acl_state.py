@@ -33,7 +33,7 @@ from inferchain.backends.acl_api import (
     check,
 )
 from inferchain.backends.acl_buffers import Slot
-from inferchain.backends.base import StateRows
+from inferchain.tensors import StateRows
 
 ALIGN = 64  # bytes: memcpy_async's address alignment
 Call = Callable[[int, str], None]  # checks a return code, naming the call

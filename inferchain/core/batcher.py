@@ -1,4 +1,4 @@
-"""BuildBatch: one model's READY works grouped by batch key, cut into batches by row range.
+"""ModelBatcher: one model's READY works grouped by batch key, cut into batches by row range.
 
 The batch key is the shape key, and for a model with unbatched inputs their values too:
 only rows with equal keys share a batch.
@@ -6,12 +6,11 @@ only rows with equal keys share a batch.
 A group is sent when it holds a full batch, when its oldest row has waited the batching
 window (`max_queue_delay_ms`), at once when every worker of the model is idle (waiting
 could only add latency then; not with `batching: wait`, which waits the window for a fuller
-batch all the same, until the engine flushes it), or at once when its oldest work is a batch
-already formed (a batch of sequence steps), which runs as a batch of its own. A model with
+batch all the same, until the engine flushes it), or at once when its oldest work runs
+alone (a cohort of sequence steps, `Work.alone`), which is a batch of its own. A model with
 `batching: fill` sends full batches only, of rows in the order they came, until the engine
-flushes it. Rows
-are taken in order; a Work may span several batches and a batch may hold rows of several
-Works.
+flushes it. Rows are taken in order; a Work may span several batches and a batch may hold
+rows of several Works. The batcher is the one writer of a Work's `taken` and `held`.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from inferchain.core.records import BatchKey, Slice
 from inferchain.core.request import RequestState, advance
 from inferchain.core.work import Work
 
-_READY = RequestState.READY
 _RUNNING = RequestState.RUNNING
 
 
@@ -75,7 +73,7 @@ class ModelBatcher:
             if (
                 (all_idle and not self.wait)
                 or self.flushing
-                or group[0].formed
+                or group[0].alone
                 or self._rows[key] >= self.max_rows
                 or head + self.delay <= now
             ):
@@ -101,26 +99,22 @@ class ModelBatcher:
         rows = consumed = 0
         while group and rows < self.max_rows:
             work = group[0]
-            if work.formed and rows:  # a formed batch runs alone (its cohort stays one)
+            if work.alone and rows:  # a cohort runs alone (it stays one)
                 break
             before = work.taken
             if rows and work.state_rows is not None and rows + work.rows - before > self.max_rows:
                 break  # steps whose state is on the device stay in one batch (a reorder)
             if before < work.rows:
                 if work.requests is None:
-                    stop = min(work.rows, before + self.max_rows - rows)
-                    slices.append(Slice(work, before, stop, rows))
-                    rows += stop - before
-                    work.taken = stop
+                    rows = self._take_rows(work, slices, rows)
                 else:
                     rows = self._take_requests(work, slices, rows)
                 consumed += work.taken - before
-                if work.state is _READY:
-                    work.state = _RUNNING
+                work.start()
             if work.taken >= work.rows:
                 group.popleft()
                 work.held = False
-            if work.formed:
+            if work.alone:
                 break
         self.num_ready -= consumed
         if self.num_ready <= 0:
@@ -131,11 +125,33 @@ class ModelBatcher:
             del self.groups[key], self._rows[key]
         return slices, rows
 
-    def forget(self, work: Work, rows: int) -> None:
-        """The engine dropped `rows` untaken rows of `work` (cancelled or timed out)."""
-        if work.held:
-            self._rows[work.batch_key] -= rows
-            self.num_ready -= rows
+    def cut(self, work: Work) -> tuple[list[Slice], int]:
+        """The next batch of a bulk work the batcher does not hold (the engine's run-now
+        path): its next rows, up to a batch, as one slice."""
+        assert not work.held and work.requests is None
+        slices: list[Slice] = []
+        rows = self._take_rows(work, slices, 0)
+        work.start()
+        return slices, rows
+
+    def forget(self, work: Work) -> int:
+        """The engine drops the rows of `work` not yet taken (cancelled, timed out, or all
+        its rows ended): none will be; returns how many there were."""
+        untaken = work.rows - work.taken
+        if untaken > 0:
+            if work.held:
+                self._rows[work.batch_key] -= untaken
+                self.num_ready -= untaken
+            work.taken = work.rows
+        return untaken
+
+    def _take_rows(self, work: Work, slices: list[Slice], rows: int) -> int:
+        """Rows of a bulk work, as one slice, up to a batch in all."""
+        before = work.taken
+        stop = min(work.rows, before + self.max_rows - rows)
+        slices.append(Slice(work, before, stop, rows))
+        work.taken = stop
+        return rows + stop - before
 
     def _take_requests(self, work: Work, slices: list[Slice], rows: int) -> int:
         """Rows of a work with per-item Requests: each moves to RUNNING, or is skipped

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from inferchain.core.records import Batch, ShapeKey, Slice
+from inferchain.core.records import Batch, Slice
 from inferchain.layout import Axis, rows_first
+from inferchain.shapes import ShapeKey
 from inferchain.tensors import TensorDesc
 
 MAX_SHAPE_BUFFERS = 16  # buffer sets kept for dynamic shapes (LRU), at least

@@ -1,20 +1,26 @@
 """The ExecutionEngine: one loop thread that owns scheduling, batching and dispatch.
 
-`step()` is the whole control flow, in order:
+`_step(now)` is the whole control flow, in named phases, under the engine's lock:
 
-1. take what the workers posted (`BatchResult`, `WorkerChanged`) and what callers
-   cancelled; split the outputs back to their Works and Requests; let the Scheduler release
-   what finished works held;
-2. take new submissions into the Scheduler;
-3. `Scheduler.schedule(now)` returns a `Plan`: admitted works go to their model's batcher,
-   expired and failed ones end;
-4. for each model, group admitted rows into same-shape batches and assign each batch to a
-   free (worker, stream) pair; dispatch.
+1. `_take_results`: what the workers posted (`BatchResult`, `WorkerChanged`): the outputs
+   go back to their Works and Requests, and the Scheduler releases what finished works held;
+2. `_take_submissions`: new Works into the Scheduler, then the cancels callers made;
+3. `_take_due_steps`: sequence steps whose batching window passed (`Sequences.due`);
+4. `_schedule`: `Scheduler.schedule(now)` until it has nothing more: admitted works go to
+   their model's batcher, expired and failed ones end;
+5. `_mark_flushes`: partial batches of `batching: fill` / `wait` models that a flush asked
+   for may leave;
+6. `_dispatch`: per model, same-shape batches to free (worker, stream) pairs.
 
-Lower layers never call upward: a worker posts a record to `post()` and wakes the loop.
-The loop sleeps until a submission, a completion, a cancel, the next deadline or the end of
-a batching window: an idle engine uses no CPU. Every field below is written only by the
-loop (under `_lock`), except the inboxes and counters named as shared.
+Then, on the loop thread but outside the lock, `_after_step` runs the code a step must not
+run under it: the done-listeners of the requests that ended, and the sequence layer's steppers
+(`Sequences.after`), whose next step batches go into the Scheduler at the next step.
+
+Lower layers never call upward: a worker posts a record to `post()` and wakes the loop; the
+sequence layer returns Works. The loop sleeps until a submission, a completion, a cancel,
+the next deadline or the end of a batching window: an idle engine uses no CPU. Every field
+below is written only by the loop (under `_lock`), except the inboxes and counters named as
+thread-shared.
 """
 
 from __future__ import annotations
@@ -26,18 +32,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from inferchain.config import ModelConfig
-from inferchain.core.batcher import ModelBatcher
 from inferchain.core.callbacks import CallbackThread
 from inferchain.core.records import Batch, BatchResult, BatchTiming, Plan, Slice, WorkerChanged
 from inferchain.core.request import Request, RequestState, advance, conclude
 from inferchain.core.scheduler import Scheduler
-from inferchain.core.sequences import PendingSteps
-from inferchain.core.work import Work
-from inferchain.core.worker import ModelWorker
+from inferchain.core.sequences import Sequences
+from inferchain.core.work import Work, row_outputs
+from inferchain.core.workers import WorkerSet
 from inferchain.errors import (
     BackendError,
     Closed,
@@ -50,72 +56,14 @@ from inferchain.logs import get_logger, log_safely
 from inferchain.metrics import Metrics
 from inferchain.shapes import ShapePolicy, crop_rows, envelope
 
+if TYPE_CHECKING:  # the engine reads a worker's surface only: no backend is imported
+    from inferchain.core.worker import ModelWorker
+
 log = get_logger(__name__)
 
 S = RequestState
-_FAILED_KEPT = 65536  # failed requests remembered for depends_on by id
-QUEUE_S = 0.002  # seconds of batches a one-stream worker may hold at once ...
-QUEUE_MAX = 32  # ... up to this many batches
+_FAILED_KEPT = 65536  # failed requests remembered whole for depends_on by id (then a bit)
 INLINE_S = 0.0005  # streams run on the caller's thread when a model's batches are shorter
-
-
-class _Model:
-    """One model as the engine sees it: its batcher, its workers and their free streams."""
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        workers: Sequence[ModelWorker],
-        shapes: ShapePolicy,
-        steps: PendingSteps | None = None,
-    ):
-        self.config = config
-        self.name = config.name
-        self.batcher = ModelBatcher(config)
-        self.workers = workers
-        self.crops = shapes.crops
-        self.longest = shapes.longest  # a batch is padded to its rows' envelope
-        self.fail_fast = config.health.while_unhealthy == "fail"
-        self.steps = steps  # a stateful model's sequence steps not yet in a batch
-        # Streams of each worker that hold no batch (the engine is their one writer). A
-        # worker with one stream takes several batches at once on it, as many as run in
-        # about QUEUE_S (at least 2): the next ones wait in its queue while one runs, so
-        # short batches leave no idle gap of a thread hand-off between them.
-        self.free: list[list[int]] = [list(range(w.num_streams)) for w in workers]
-        self.in_flight = [0] * len(workers)  # batches dispatched and not yet back
-        self.batch_s = [0.0] * len(workers)  # moving average of a batch's wall time
-
-    def capacity(self, w: ModelWorker) -> int:
-        """Batches `w` may hold at once."""
-        if w.num_streams > 1:
-            return w.num_streams
-        avg = self.batch_s[w.index]
-        return QUEUE_MAX if avg <= 0 else max(2, min(QUEUE_MAX, int(QUEUE_S / avg)))
-
-    def idle(self, w: ModelWorker) -> bool:
-        """Nothing of `w` is in flight."""
-        return self.in_flight[w.index] == 0
-
-    def take_stream(self, w: ModelWorker) -> int:
-        self.in_flight[w.index] += 1
-        return self.free[w.index].pop() if w.num_streams > 1 else 0
-
-    def give_back(self, result: BatchResult) -> None:
-        batch = result.batch
-        i = batch.worker
-        self.in_flight[i] -= 1
-        if self.workers[i].num_streams > 1:
-            self.free[i].append(batch.stream)
-        t = result.timing
-        wall = t.end - t.picked
-        self.batch_s[i] = wall if self.batch_s[i] <= 0 else 0.8 * self.batch_s[i] + 0.2 * wall
-
-    def idle_worker(self) -> ModelWorker | None:
-        """A healthy worker with nothing in flight."""
-        for w in self.workers:
-            if w.healthy and self.idle(w):
-                return w
-        return None
 
 
 class ExecutionEngine:
@@ -124,25 +72,27 @@ class ExecutionEngine:
     def __init__(self, metrics: Metrics, max_queue_size: int) -> None:
         self._metrics = metrics
         self._max_queue = max_queue_size  # rows submitted and not yet admitted, at most
-        self._models: dict[str, _Model] = {}
+        self._models: dict[str, WorkerSet] = {}
         self._scheduler: Scheduler | None = None
+        self._sequences = Sequences()
         self._inline = False  # run-now on the caller's thread is allowed (set in start)
-        self._lock = threading.Lock()  # held by step() and by the run-now path
-        # shared inboxes: appended by any thread, drained by the loop
+        self._lock = threading.Lock()  # held by _step() and by the run-now path
+        # thread-shared inboxes: appended by any thread, drained by the loop
         self._submitted: deque[Work] = deque()
         self._posted: deque[BatchResult | WorkerChanged] = deque()
         self._cancelled: deque[Request | Work] = deque()
         self._wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._wake_pending = False
-        self._in_loop = 0  # the loop thread's ident, once it runs
-        self._woken_in_loop = False  # the loop itself asked for another step
-        self._flush = False  # a flush of `batching: fill` models was asked for ...
+        self._flush = False  # a flush of `batching: fill` / `wait` models was asked for ...
         self._flush_if_stalled = False  # ... or one only when nothing else can run
-        # shared counters, each under its condition
+        # left by a step for `_after_step` (written under `_lock`, taken by the loop)
+        self._landed: list[Work] = []  # runners' step batches that finished
+        self._listening: list[Request] = []  # requests that ended with done-listeners
+        # thread-shared counters, each under its condition
         self._space = threading.Condition()  # guards _queued; full queues wait here
         self._queued = 0  # rows submitted, not yet admitted nor dropped
         self._drained = threading.Condition()  # guards _outstanding
-        self._outstanding = 0  # works submitted, not yet settled
+        self._outstanding = 0  # works submitted, not yet finished
         self._recovering = 0  # workers re-initialising after failures
         self.live: dict[int, Request] = {}  # requests not yet terminal, by id
         self.failed: dict[int, Request] = {}  # the latest that ended without outputs
@@ -157,15 +107,16 @@ class ExecutionEngine:
     def start(
         self,
         scheduler: Scheduler,
-        models: Iterable[
-            tuple[ModelConfig, Sequence[ModelWorker], ShapePolicy, PendingSteps | None]
-        ],
+        models: Iterable[tuple[ModelConfig, Sequence[ModelWorker], ShapePolicy]],
+        sequences: Sequences,
         *,
         inline: bool,
     ) -> None:
-        """Take the loaded workers and start the loop and callback threads."""
+        """Take the loaded workers and the sequence layer; start the loop and callback
+        threads."""
         self._scheduler = scheduler
-        self._models = {c.name: _Model(c, w, s, steps) for c, w, s, steps in models}
+        self._models = {c.name: WorkerSet(c, w, s) for c, w, s in models}
+        self._sequences = sequences
         self._inline = inline
         self._callbacks.start()
         self._thread.start()
@@ -186,8 +137,7 @@ class ExecutionEngine:
         self._wakeups.put(None)
         if self._thread.is_alive():
             self._thread.join()
-        with self._lock:
-            self._step(time.perf_counter())  # anything posted after the loop ended
+        self._step_and_after(time.perf_counter())  # anything posted after the loop ended
         self._callbacks.stop()
 
     # -- thread-safe surface --------------------------------------------------------------
@@ -198,12 +148,8 @@ class ExecutionEngine:
         self.wake()
 
     def wake(self) -> None:
-        """Make the loop run a step soon (any thread; cheap when one is pending). From the
-        loop's own thread (a listener submitting the next step of a sequence) it only
-        notes it: the step drains the inboxes after that, and the loop looks again."""
-        if threading.get_ident() == self._in_loop:
-            self._woken_in_loop = True
-        elif not self._wake_pending:
+        """Make the loop run a step soon (any thread; cheap when one is pending)."""
+        if not self._wake_pending:
             self._wake_pending = True
             self._wakeups.put(None)
 
@@ -233,8 +179,8 @@ class ExecutionEngine:
         self.wake()
 
     def submit_steps(self, work: Work) -> None:
-        """Queue a formed batch of sequence steps (`PendingSteps`; any thread). Never blocks:
-        steps are bounded by the model's `max_sequences`, one each at most."""
+        """Queue a batch of sequence steps (any thread). Never blocks: steps are bounded by
+        the model's `max_sequences`, one each at most."""
         self._take_in(work, refuse=True)
         self._submitted.append(work)
         self.wake()
@@ -257,7 +203,7 @@ class ExecutionEngine:
 
     def run_or_submit(self, work: Work, short_only: bool = False) -> None:
         """Run a bulk `work` here (`run_now`) or queue it with its waiter armed: either
-        way `work.wait()` returns once it has settled."""
+        way `work.wait()` returns once it has finished."""
         if not self.run_now(work, short_only):
             work.arm()
             self.submit(work)
@@ -266,12 +212,13 @@ class ExecutionEngine:
         """Run `work` here on the calling thread, batch by batch, while its model is idle
         (nothing waiting or ready, a worker with nothing in flight) and its sessions may
         run on any thread; with `short_only`, only where the model's batches are shorter
-        than a thread hand-off is worth (`INLINE_S`). As soon as other work for the model
-        arrives, the rows left go to the loop like any admitted work.
+        than a thread hand-off is worth (`INLINE_S`). Its batches are cut and ended as
+        the loop's are; as soon as other work for the model arrives, the rows left go to
+        the model's batcher like any admitted work.
 
-        False: nothing was done (submit the work). True: it has settled, or its waiter is
+        False: nothing was done (submit the work). True: it has finished, or its waiter is
         armed and the loop finishes it (`work.wait()`)."""
-        if not self._inline or work.requests is not None:
+        if not self._inline or work.requests is not None or work.steps is not None:
             return False
         model = self._models[work.model]
         assert self._scheduler is not None
@@ -281,10 +228,8 @@ class ExecutionEngine:
             worker = model.idle_worker()
             if worker is None or (short_only and model.batch_s[worker.index] > INLINE_S):
                 return False
-            if not self._scheduler.admit_now(work):
+            if not self._scheduler.admit_now(work, time.perf_counter()):
                 return False
-            work.admitted = time.perf_counter()
-            work.state = S.RUNNING
             self._register(work)
             self._inlined.add(work)
         try:
@@ -298,24 +243,15 @@ class ExecutionEngine:
             self.wake()
         return True
 
-    def _run_here(self, work: Work, model: _Model, worker: ModelWorker, short_only: bool) -> bool:
+    def _run_here(
+        self, work: Work, model: WorkerSet, worker: ModelWorker, short_only: bool
+    ) -> bool:
         """run_now's batches; True when the loop has something to do after it."""
         assert self._scheduler is not None
-        step = model.batcher.max_rows if work.batched else work.rows
         while True:
-            start = work.taken
-            rows = min(step, work.rows - start)
             with self._lock:
-                work.taken = start + rows
-                batch = Batch(
-                    work.model,
-                    worker.index,
-                    model.take_stream(worker),
-                    (Slice(work, start, start + rows, 0),),
-                    rows,
-                    work.shape_key,
-                    time.perf_counter(),
-                )
+                slices, rows = model.batcher.cut(work)
+                batch = self._batch(model, worker, slices, rows)
             self._run_inline(worker, batch)
             with self._lock:
                 if work.cancelled and not work.done:
@@ -323,6 +259,7 @@ class ExecutionEngine:
                     self._drop_rows(work, cancelled, S.CANCELLED)
                 if work.done:
                     pending = bool(self._submitted or self._posted or self._cancelled)
+                    pending = pending or bool(self._landed or self._listening)
                     return pending or self._scheduler.has_news or model.batcher.num_ready > 0
                 if (
                     self._submitted
@@ -358,7 +295,8 @@ class ExecutionEngine:
             works = list(self._submitted)
             for m in self._models.values():
                 works.extend(w for g in m.batcher.groups.values() for w in g)
-            works.extend(self._waiting_works())
+            assert self._scheduler is not None
+            works.extend(self._scheduler.waiting_works())
             works.extend(self._inlined)
         for work in works:
             if work.requests is None:
@@ -369,17 +307,33 @@ class ExecutionEngine:
         return count
 
     def wait_all(self, timeout: float | None = None) -> bool:
-        """WaitForAllTaskDone: True once every submitted work has settled and no worker is
+        """WaitForAllTaskDone: True once every submitted work has finished and no worker is
         re-initialising (within `timeout` seconds in all)."""
         with self._drained:
             return self._drained.wait_for(
                 lambda: self._outstanding == 0 and self._recovering <= 0, timeout
             )
 
+    def lookup(self, id: int) -> Request | None:
+        """Request `id` while it is live or after it ended without outputs (any thread); a
+        stand-in ended in ERROR where only the fact of its failure is still kept; None once
+        it finished DONE (or was never submitted)."""
+        found = self.live.get(id) or self.failed.get(id)
+        if found is not None:
+            return found
+        byte = id >> 3
+        bits = self._failed_ids
+        if 0 <= byte < len(bits) and bits[byte] >> (id & 7) & 1:
+            gone = Request(id, "(forgotten)")
+            gone.try_transition(S.ERROR, error=RequestError(
+                f"request {id} failed (only the fact is kept after {_FAILED_KEPT} later failures)"
+            ))  # fmt: skip
+            return gone
+        return None
+
     # -- the loop -------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        self._in_loop = threading.get_ident()
         timeout: float | None = None
         while True:
             if timeout != 0.0:
@@ -388,39 +342,61 @@ class ExecutionEngine:
             if self._stopping:
                 return
             try:
-                with self._lock:
-                    timeout = self._step(time.perf_counter())
-                    if self._woken_in_loop:
-                        self._woken_in_loop = False
-                        if self._news():
-                            timeout = 0.0
+                timeout = self._step_and_after(time.perf_counter())
             except Exception:  # a bug here must not strand every request: log and go on
                 log_safely(log.exception, "engine_step_failed")
                 timeout = 0.01
 
-    def _news(self) -> bool:
-        """Something the step just taken may not have seen: an inbox filled after it was
-        drained, a flush, or sequence steps whose window it did not time."""
-        return bool(
-            self._posted
-            or self._submitted
-            or self._cancelled
-            or self._flush
-            or self._flush_if_stalled
-            or any(m.steps is not None and m.steps.num_pending for m in self._models.values())
-        )
+    def _step_and_after(self, now: float) -> float | None:
+        """A step under the lock, then what it left for after it; the loop's sleep."""
+        with self._lock:
+            timeout = self._step(now)
+            landed, self._landed = self._landed, []
+            listening, self._listening = self._listening, []
+        if self._after_step(landed, listening):
+            return 0.0
+        return timeout
 
     def _step(self, now: float) -> float | None:
-        """One step; returns how long the loop may sleep (seconds; None = until woken)."""
+        """One step (under `_lock`); returns how long the loop may sleep (seconds; None =
+        until woken)."""
         self._wake_pending = False  # before draining: a later append wakes the loop again
         # flushes asked for before this step (one asked "if stalled" before results that
         # this step delivers is moot: their caller asks again once it waits again)
         flush, self._flush = self._flush, False
         if_stalled, self._flush_if_stalled = self._flush_if_stalled, False
-        scheduler = self._scheduler
-        assert scheduler is not None
+        delivered = self._take_results()
+        self._take_submissions()
+        next_due = self._take_due_steps(now)
+        self._schedule(now)
+        self._mark_flushes(flush or (if_stalled and not delivered and self._stalled()))
+        for model in self._models.values():
+            if model.batcher.num_ready:
+                next_due = min(next_due, self._dispatch(model, now))
+        assert self._scheduler is not None
+        next_due = min(next_due, self._scheduler.next_deadline, self._sequences.next_deadline)
+        if next_due == float("inf"):
+            return None
+        return max(next_due - time.perf_counter(), 0.0)
+
+    def _after_step(self, landed: list[Work], listening: list[Request]) -> bool:
+        """Outside the lock (the loop's thread): the done-listeners of the requests the step
+        ended, then the sequence layer's steppers. True when that gave the loop more to do
+        (the next step batches are in the inbox)."""
+        for request in listening:
+            request.notify_listeners()
+        works = self._sequences.after(landed, time.perf_counter())
+        for work in works:
+            self._take_in(work, refuse=False)
+            self._submitted.append(work)
+        return bool(works)
+
+    # -- the phases of a step (under `_lock`) ---------------------------------------------
+
+    def _take_results(self) -> bool:
+        """Phase 1: the workers' records; True when some batch result was delivered."""
         posted = self._posted
-        delivered = bool(posted)  # results went out: their callers have more to do
+        delivered = bool(posted)
         while posted:
             record = posted.popleft()
             if isinstance(record, BatchResult):
@@ -429,56 +405,61 @@ class ExecutionEngine:
                 with self._drained:
                     self._recovering -= 1
                     self._drained.notify_all()
-        # cancels taken before submissions: the work of any cancel taken here was submitted
-        # before it (a sequence step's work is submitted before its requests can tell the
-        # engine of a cancel), so it is in the Scheduler when its cancel is handled
+        return delivered
+
+    def _take_submissions(self) -> None:
+        """Phase 2: new works into the Scheduler, then the cancels. Cancels are taken
+        before the submissions: the work of any cancel taken here was submitted before it
+        (a sequence step's work is submitted before its requests can tell the engine of a
+        cancel), so it is in the Scheduler when its cancel is handled."""
+        assert self._scheduler is not None
         cancels = []
         cancelled = self._cancelled
         while cancelled:
             cancels.append(cancelled.popleft())
         submitted = self._submitted
-        if submitted:
-            while submitted:
-                scheduler.add(submitted.popleft())
+        while submitted:
+            self._scheduler.add(submitted.popleft())
         for item in cancels:
             self._on_cancelled(item)
-        next_due = float("inf")
-        for model in self._models.values():
-            if model.steps is not None:  # sequence steps whose batching window has passed
-                works, due = model.steps.due(now)
-                next_due = min(next_due, due)
-                for work in works:
-                    self._accept(work)
-        plan = scheduler.schedule(now)
+
+    def _take_due_steps(self, now: float) -> float:
+        """Phase 3: sequence steps that leave now; returns when the next window ends."""
+        works, next_due = self._sequences.due(now)
+        for work in works:
+            self._take_in(work, refuse=False)
+            assert self._scheduler is not None
+            self._scheduler.add(work)
+        return next_due
+
+    def _schedule(self, now: float) -> None:
+        """Phase 4: plan until nothing more is admitted, expired or failed (ending rows may
+        unblock, fail or make room for others)."""
+        assert self._scheduler is not None
+        plan = self._scheduler.schedule(now)
         while plan.admitted or plan.expired or plan.failed:
-            self._apply(plan)  # ending rows may unblock, fail or make room for others
-            plan = scheduler.schedule(now)
-        next_due = min(next_due, scheduler.next_deadline)
-        if if_stalled and not flush and not delivered:
-            flush = self._stalled()
-        if flush:  # after admission: what was submitted before the flush is in the batchers
+            self._apply(plan)
+            plan = self._scheduler.schedule(now)
+
+    def _mark_flushes(self, flush: bool) -> None:
+        """Phase 5: after admission (what was submitted before the flush is in the
+        batchers), the partial batches of `fill` / `wait` models may leave."""
+        if flush:
             for model in self._models.values():
                 batcher = model.batcher
                 if (batcher.fill or batcher.wait) and batcher.num_ready:
                     batcher.flushing = True
-        for model in self._models.values():
-            if model.batcher.num_ready:
-                next_due = min(next_due, self._dispatch(model, now))
-        if next_due == float("inf"):
-            return None
-        return max(next_due - time.perf_counter(), 0.0)
 
     def _stalled(self) -> bool:
-        """Nothing can run but partial batches of `batching: fill` / `wait` models (under
-        `_lock`)."""
+        """Nothing can run but partial batches of `batching: fill` / `wait` models."""
         assert self._scheduler is not None
         if self._submitted or self._scheduler.num_waiting:
             return False
         for model in self._models.values():
             batcher = model.batcher
-            if any(model.in_flight) or (batcher.num_ready and not (batcher.fill or batcher.wait)):
+            if model.busy or (batcher.num_ready and not (batcher.fill or batcher.wait)):
                 return False
-            if model.steps is not None and model.steps.num_pending:
+            if self._sequences.num_pending(model.name):
                 return False
         return True
 
@@ -499,18 +480,19 @@ class ExecutionEngine:
         for work, error in plan.failed:
             self._drop_rows(work, error, S.ERROR)
 
-    def _dispatch(self, model: _Model, now: float) -> float:
-        """Send what is due to free (worker, stream) pairs; returns when a window ends."""
-        healthy = [w for w in model.workers if w.healthy]
-        if not healthy and (model.fail_fast or all(w.dead for w in model.workers)):
-            state = "dead" if all(w.dead for w in model.workers) else "unhealthy"
-            error = BackendError(f"every worker of model {model.name!r} is {state}")
+    def _dispatch(self, model: WorkerSet, now: float) -> float:
+        """Phase 6: send what is due to free (worker, stream) pairs; returns when a window
+        ends."""
+        why = model.unusable()
+        if why is not None:
+            error = BackendError(f"every worker of model {model.name!r} is {why}")
             for work in model.batcher.drain():
                 self._drop_rows(work, error, S.ERROR)
             return float("inf")
-        room = {w.index: model.capacity(w) - model.in_flight[w.index] for w in healthy}
+        room = model.open_room()
         if not any(n > 0 for n in room.values()):
             return float("inf")
+        healthy = [w for w in model.workers if w.index in room]
         all_idle = all(model.idle(w) for w in healthy)
         batcher = model.batcher
         while batcher.groups:
@@ -527,14 +509,19 @@ class ExecutionEngine:
                 continue
             room[worker.index] -= 1
             all_idle = False
-            stream = model.take_stream(worker)
-            shape_key = slices[0].work.shape_key  # the same for every work of the group ...
-            if model.longest:  # ... except where a batch takes the envelope of its rows
-                shape_key = envelope([s.work.shape_key for s in slices])
-            sent = time.perf_counter()  # not `now`: a work may have come within this step
-            batch = Batch(model.name, worker.index, stream, tuple(slices), rows, shape_key, sent)
-            worker.dispatch(batch)
+            worker.dispatch(self._batch(model, worker, slices, rows))
         return float("inf")
+
+    def _batch(
+        self, model: WorkerSet, worker: ModelWorker, slices: list[Slice], rows: int
+    ) -> Batch:
+        """The batch of `slices` on a stream of `worker` (the loop's and run_now's)."""
+        shape_key = slices[0].work.shape_key  # the same for every work of the group ...
+        if model.longest:  # ... except where a batch takes the envelope of its rows
+            shape_key = envelope([s.work.shape_key for s in slices])
+        stream = model.take_stream(worker)
+        sent = time.perf_counter()  # not the step's `now`: a work may have come within it
+        return Batch(model.name, worker.index, stream, tuple(slices), rows, shape_key, sent)
 
     # -- ending rows ----------------------------------------------------------------------
 
@@ -552,7 +539,7 @@ class ExecutionEngine:
         if outputs is None:
             error = result.error or BackendError("batch failed without an error")
             for s in batch.slices:
-                self._fail_slice(s, error)
+                self._end_slice(s, error)
             return
         for s in batch.slices:
             work = s.work
@@ -563,13 +550,7 @@ class ExecutionEngine:
                 pieces = tuple(o[s.offset : end] for o in outputs)
                 if model.crops and work.exact != batch.shape_key:
                     pieces = tuple(crop_rows(pieces, work.exact, model.crops))
-            if work.requests is None:
-                work.pieces.append((s.start, s.stop, pieces))
-            else:
-                self._deliver(work, s, pieces)
-            work.settled += s.rows
-            if work.settled >= work.rows:
-                self._settle(work)
+            self._end_slice(s, pieces)
 
     def _log_batch(self, result: BatchResult) -> None:
         """The canonical line per batch, where the application enabled info events."""
@@ -588,38 +569,24 @@ class ExecutionEngine:
             work_ids=[s.work.id for s in result.batch.slices],
         )
 
-    def _deliver(self, work: Work, s: Slice, pieces: tuple[np.ndarray, ...]) -> None:
-        assert work.requests is not None
-        names = work.names
-        outputs: Iterable[dict[str, np.ndarray]]
-        if not work.batched:
-            outputs = (dict(zip(names, pieces, strict=True)),)
-        elif len(names) == 1:
-            name = names[0]
-            outputs = ({name: row} for row in pieces[0])
-        else:
-            outputs = (dict(zip(names, row, strict=True)) for row in zip(*pieces, strict=True))
-        self._landing(work, s.rows)
-        self._ended(conclude(work.requests[s.start : s.stop], S.DONE, work.lock, outputs))
-
-    def _fail_slice(self, s: Slice, error: BaseException) -> None:
+    def _end_slice(self, s: Slice, value: tuple[np.ndarray, ...] | BaseException) -> None:
+        """The rows of slice `s` ran: their outputs (`value`, a range of the batch's) or
+        the batch's error."""
         work = s.work
         if work.requests is None:
-            work.pieces.append((s.start, s.stop, error))
+            work.pieces.append((s.start, s.stop, value))
         else:
-            self._landing(work, s.rows)
-            self._ended(conclude(work.requests[s.start : s.stop], S.ERROR, work.lock, None, error))
-        work.settled += s.rows
-        if work.settled >= work.rows:
-            self._settle(work)
-
-    def _landing(self, work: Work, rows: int) -> None:
-        """`rows` steps of a batch of sequence steps end now: their PendingSteps hears of
-        it before their requests end (so a step that follows sees them gone)."""
-        if work.formed:
-            steps = self._models[work.model].steps
-            assert steps is not None
-            steps.landed(rows)
+            self._sequences.landing(work, s.rows)
+            requests = work.requests[s.start : s.stop]
+            if isinstance(value, BaseException):
+                ended = conclude(requests, S.ERROR, work.lock, None, value, self._listening)
+            else:
+                outputs = row_outputs(work.names, value, work.batched)
+                ended = conclude(requests, S.DONE, work.lock, outputs, None, self._listening)
+            self._ended(ended)
+        work.ended += s.rows
+        if work.ended >= work.rows:
+            self._finish(work)
 
     def _ended(self, requests: Iterable[Request]) -> None:
         """Bookkeeping of requests that just ended (engine thread)."""
@@ -632,7 +599,7 @@ class ExecutionEngine:
             if r.outputs is None:
                 self._remember_failed(r)
             if scheduler.watches(r.id):
-                scheduler.settled(r)
+                scheduler.dependency_ended(r)
             if r.callback is not None:
                 put(r)
 
@@ -647,32 +614,15 @@ class ExecutionEngine:
             bits.extend(bytes(max(byte + 1 - len(bits), len(bits))))
         bits[byte] |= 1 << (r.id & 7)
 
-    def lookup(self, id: int) -> Request | None:
-        """Request `id` while it is live or after it ended without outputs (any thread); a
-        stand-in ended in ERROR where only the fact of its failure is still kept; None once
-        it finished DONE (or was never submitted)."""
-        found = self.live.get(id) or self.failed.get(id)
-        if found is not None:
-            return found
-        byte = id >> 3
-        bits = self._failed_ids
-        if 0 <= byte < len(bits) and bits[byte] >> (id & 7) & 1:
-            gone = Request(id, "(forgotten)")
-            gone.try_transition(S.ERROR, error=RequestError(
-                f"request {id} failed (only the fact is kept after {_FAILED_KEPT} later failures)"
-            ))  # fmt: skip
-            return gone
-        return None
-
     def _on_cancelled(self, item: Request | Work) -> None:
         if isinstance(item, Request):
             work = item.work
             assert work is not None
-            self._landing(work, 1)
+            self._sequences.landing(work, 1)
             self._ended((item,))
-            work.settled += 1
-            if work.settled >= work.rows and not work.done:
-                self._settle(work)
+            work.ended += 1
+            if work.ended >= work.rows and not work.done:
+                self._finish(work)
         elif not item.done:
             cancelled = RequestCancelled(f"work {item.id} ({item.model}) was cancelled")
             self._drop_rows(item, cancelled, S.CANCELLED)
@@ -687,28 +637,24 @@ class ExecutionEngine:
             return
         if work.requests is None:
             work.pieces.append((start, work.rows, error))
-            work.settled += untaken
+            work.ended += untaken
         else:
-            if work.formed:  # the steps still to end, before they do
-                self._landing(work, sum(not r.done() for r in work.requests[start:]))
-            ended = conclude(work.requests[start:], state, work.lock, None, error)
+            left = work.requests[start:]
+            self._sequences.landing(work, sum(not r.done() for r in left))  # before they end
+            ended = conclude(left, state, work.lock, None, error, self._listening)
             self._ended(ended)
-            work.settled += len(ended)
-        if work.settled >= work.rows:
-            self._settle(work)
+            work.ended += len(ended)
+        if work.ended >= work.rows:
+            self._finish(work)
 
     def _take_rest(self, work: Work) -> int:
         """Mark the rows of `work` not yet in a batch as taken (so no batch takes them) and
         drop them from its model's batcher; returns how many there were."""
-        untaken = work.rows - work.taken
-        if untaken > 0:
-            if work.held:
-                self._models[work.model].batcher.forget(work, untaken)
-            work.taken = work.rows
-        return untaken
+        return self._models[work.model].batcher.forget(work)
 
-    def _settle(self, work: Work) -> None:
-        """Every row of `work` has ended: free what it held and wake its waiter."""
+    def _finish(self, work: Work) -> None:
+        """Every row of `work` has ended: free what it held and wake its waiter; a runner's
+        step batch goes to its runner after the step."""
         assert self._scheduler is not None
         if work.state is S.WAITING:
             self._scheduler.drop(work)
@@ -717,13 +663,15 @@ class ExecutionEngine:
             self._take_rest(work)  # e.g. its last rows' requests were cancelled while READY
             self._scheduler.release(work)
         work.finish()
+        if work.steps is not None and work.steps.cohort is not None:
+            self._landed.append(work)
         with self._drained:
             self._outstanding -= 1
             if self._outstanding == 0:
                 self._metrics.engine_activity.leave()
                 self._drained.notify_all()
 
-    # -- shared counters ------------------------------------------------------------------
+    # -- thread-shared counters -----------------------------------------------------------
 
     def _register(self, work: Work) -> None:
         with self._drained:
@@ -732,17 +680,10 @@ class ExecutionEngine:
                 self._metrics.engine_activity.enter()
         requests = work.requests
         if requests is not None:
-            if work.formed:  # a batch of sequence steps: their ids are not consecutive
+            if work.steps is not None:  # sequence steps: their ids are not consecutive
                 self.live.update((r.id, r) for r in requests)
             else:
                 self.live.update(zip(range(work.id, work.id + work.rows), requests, strict=True))
-
-    def _accept(self, work: Work) -> None:
-        """`submit` from the loop itself (never blocks: the rows count against the queue
-        like any others)."""
-        self._take_in(work, refuse=False)
-        assert self._scheduler is not None
-        self._scheduler.add(work)
 
     def _take_in(self, work: Work, *, refuse: bool) -> None:
         """Count the rows of `work` against the queue, with no bound, and register it;
@@ -757,8 +698,3 @@ class ExecutionEngine:
         with self._space:
             self._queued -= rows
             self._space.notify_all()
-
-    def _waiting_works(self) -> list[Work]:
-        """Works still in the Scheduler's heaps (for cancel_all; under `_lock`)."""
-        assert self._scheduler is not None
-        return self._scheduler.waiting_works()

@@ -13,8 +13,8 @@ import attrs
 import numpy as np
 
 from inferchain.core.work import Work
+from inferchain.shapes import ShapeKey
 
-ShapeKey = tuple[tuple[int, ...], ...]  # one item shape per model input
 BatchKey = Hashable  # what the rows of one batch share: a ShapeKey (and unbatched values)
 NO_STAGES: Mapping[str, float] = MappingProxyType({})  # shared by batches without a split
 

@@ -1,8 +1,10 @@
 """The Request: one item on its way through the layers, and its state machine.
 
-A Request is the one deliberately mutable record. Every state change goes through
-`Request._move`, which checks `TRANSITIONS` under the request's lock, stamps the time and, on
-reaching a terminal state, wakes waiters and runs its done-listeners exactly once. The
+A Request is the one deliberately mutable record. Every state change checks `TRANSITIONS`
+under the request's lock and stamps the time: one request's through `Request._move`, many of
+one Work's at once through `advance` and `conclude` (the engine's hot path). Reaching a
+terminal state wakes its waiters and runs its done-listeners exactly once (the engine runs
+them after its step, outside its lock). The
 ExecutionEngine moves a request through READY, RUNNING and its end; a `cancel()` from any
 other thread is reported to the engine through `on_cancel`, so the engine hears of every
 request that ends.
@@ -229,6 +231,12 @@ class Request:
         waiter or listener is added once the request is terminal)."""
         if self._waiter is not None:
             self._waiter.release()
+        if self._listeners:
+            self.notify_listeners()
+
+    def notify_listeners(self) -> None:
+        """Run the done-listeners of a terminal request, once (the engine calls it after its
+        step for the requests it ended: no user code runs under its lock)."""
         listeners, self._listeners = self._listeners, None
         if listeners:
             for fn in listeners:
@@ -409,10 +417,12 @@ def conclude(
     lock: threading.RLock,
     outputs: Iterable[Outputs] | None = None,
     error: BaseException | None = None,
+    later: list[Request] | None = None,
 ) -> list[Request]:
     """End each of `requests` in the terminal state `to` (with its row of `outputs`, or
     `error`) where the table allows it, under their shared `lock`; then wake their
-    waiters and run their listeners. Returns the requests that ended here."""
+    waiters and run their listeners, or with `later` leave those that have listeners there
+    (`notify_listeners` runs them). Returns the requests that ended here."""
     assert to >= RequestState.DONE
     now = time.perf_counter()
     ended: list[Request] = []
@@ -422,6 +432,13 @@ def conclude(
             if to in _ALLOWED[r._phase]:
                 r._end(to, now, out, error)
                 ended.append(r)
+    if later is None:
+        for r in ended:
+            r._wake()
+        return ended
     for r in ended:
-        r._wake()
+        if r._waiter is not None:
+            r._waiter.release()
+        if r._listeners:
+            later.append(r)
     return ended

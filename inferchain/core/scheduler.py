@@ -91,18 +91,18 @@ class Scheduler:
         else:
             self._push(work)
 
-    def admit_now(self, work: Work) -> bool:
+    def admit_now(self, work: Work, now: float) -> bool:
         """Admit `work` at once if its model has nothing waiting and room for it (the
         engine's run-now path); True if admitted. The work is never queued otherwise."""
         q = self._queues[work.model]
         if q.heap or work.depends_on or not q.can_schedule(work):
             return False
         q.allocate(work)
-        work.state = RequestState.READY
+        work.admit(now)
         return True
 
     def release(self, work: Work) -> None:
-        """An admitted work has settled: free its slots and budget."""
+        """An admitted work has finished: free its slots and budget."""
         q = self._queues[work.model]
         q.deallocate(work)
         if q.heap:
@@ -120,7 +120,7 @@ class Scheduler:
         """True when some waiting work depends on this request."""
         return request_id in self._blocked
 
-    def settled(self, request: Request) -> None:
+    def dependency_ended(self, request: Request) -> None:
         """`request` ended: unblock (or fail) the works that depend on it."""
         for dependent in self._blocked.pop(request.id, ()):
             if dependent.state is not _WAITING or dependent.id not in self._num_deps:
@@ -153,7 +153,7 @@ class Scheduler:
 
     @property
     def next_deadline(self) -> float:
-        """The earliest deadline of a work not yet settled (perf_counter s), or inf."""
+        """The earliest deadline of a work not yet finished (perf_counter s), or inf."""
         deadlines = self._deadlines
         while deadlines and deadlines[0][2].done:
             heapq.heappop(deadlines)
@@ -215,6 +215,5 @@ class Scheduler:
             heapq.heappop(heap)
             q.allocate(work)
             self.num_waiting -= work.rows
-            work.state = RequestState.READY
-            work.admitted = max(now, work.submitted)  # submitted within this step: not before
+            work.admit(now)
             admitted.append(work)

@@ -4,24 +4,68 @@
 call (same shape key): the Scheduler admits it as a whole, the engine cuts it into batches by
 row ranges (`Slice`), and the outputs come back as views of the batch outputs, split only at
 the end. Per-item `Request`s ride along in `requests` where the caller asked for them; a Work
-without them ("bulk") keeps its results per row range in `pieces`.
+without them ("bulk") keeps its results per row range in `pieces`. A batch of sequence steps
+is a Work too, whose `steps` record says which state lanes its rows read and write.
 
-The engine's loop thread is the one writer of every field after submission, except
-`cancelled`, which any thread may set (the engine then drops the rows not yet taken).
+A Work is built by one of its named constructors (`for_items`, `for_steps`, `rejected`) and
+changes state only through its own methods (`admit`, `start`, `finish`). Who writes what
+after submission:
+
+| field | writer |
+|---|---|
+| `state`, `admitted` | `admit` (the Scheduler), `start` (the batcher), `finish` (the engine) |
+| `taken`, `held` | the model's `ModelBatcher` (the engine's loop) |
+| `ended`, `pieces` | the engine's loop, as rows end |
+| `cancelled` | `cancel()`, any thread (the engine then drops the rows not yet taken) |
+
+Everything else is set at construction and never changes.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import Any
 
+import attrs
 import numpy as np
 
-from inferchain.backends.base import StateRows
-from inferchain.core.request import Outputs, Request, RequestState
+from inferchain.core.request import Callback, Outputs, Request, RequestState
 from inferchain.errors import RequestCancelled
+from inferchain.shapes import ShapeKey
+from inferchain.tensors import StateRows
 
 Piece = tuple[int, int, "tuple[np.ndarray, ...] | BaseException"]  # rows [start, stop)
+S = RequestState
+
+
+@attrs.frozen(eq=False)
+class StepRows:
+    """What makes a Work a batch of sequence steps (set at construction, never changed)."""
+
+    lanes: np.ndarray  # intp, per row: the state lane of the StatePool it reads and writes
+    state_rows: StateRows | None = None  # where the session keeps the state on the device
+    count: int = 1  # steps one batch runs (a multi-step batch); the Work's inputs: the first
+    ahead: Mapping[int, np.ndarray] | None = None  # per fed input: [rows, count, *item]
+    alone: bool = True  # runs as a batch of its own, never cut (a cohort of steps)
+    queued: bool = False  # formed by a StepBatcher, which hears of its rows' ending
+    cohort: Any = None  # the SequenceRunner's cohort whose step batch it is, if any
+
+
+def row_outputs(
+    names: tuple[str, ...], pieces: tuple[np.ndarray, ...], batched: bool
+) -> Iterator[Outputs]:
+    """Each row's outputs (name -> a view of its row) of one range of output `pieces`; an
+    unbatched Work's one result as it is."""
+    if not batched:
+        yield dict(zip(names, pieces, strict=True))
+    elif len(names) == 1:
+        name = names[0]
+        for row in pieces[0]:
+            yield {name: row}
+    else:
+        for row in zip(*pieces, strict=True):
+            yield dict(zip(names, row, strict=True))
 
 
 class Work:
@@ -30,14 +74,13 @@ class Work:
     __slots__ = (
         "_done",
         "admitted",
-        "ahead",
         "batch_key",
         "batched",
         "cancelled",
         "deadline",
         "depends_on",
+        "ended",
         "exact",
-        "formed",
         "held",
         "id",
         "inputs",
@@ -52,11 +95,8 @@ class Work:
         "requests",
         "rows",
         "run",
-        "settled",
         "shape_key",
-        "slots",
         "state",
-        "state_rows",
         "steps",
         "submitted",
         "taken",
@@ -68,8 +108,8 @@ class Work:
         model: str,
         inputs: tuple[np.ndarray, ...],
         *,
-        shape_key: tuple[tuple[int, ...], ...],
-        exact: tuple[tuple[int, ...], ...],
+        shape_key: ShapeKey,
+        exact: ShapeKey,
         names: tuple[str, ...],
         submitted: float,
         batch_key: Hashable = None,
@@ -77,12 +117,13 @@ class Work:
         priority: int = 0,
         deadline: float | None = None,
         depends_on: tuple[Request, ...] = (),
-        requests: tuple[Request, ...] | None = None,
         on_cancel: Callable[[Work], None] | None = None,
         listener: Callable[[Work], None] | None = None,
         lock: threading.RLock | None = None,
         run: tuple[int, int] | None = None,
+        steps: StepRows | None = None,
     ) -> None:
+        """The fields every Work has; build one with `for_items`, `for_steps` or `rejected`."""
         self.id = id  # unique per OfflineInference; orders equal priorities (FIFO)
         self.model = model
         # batched: one array per model input, `rows` rows each (row i = item i; an unbatched
@@ -100,44 +141,103 @@ class Work:
         self.run = run
         self.exact = exact  # item shapes of the rows themselves (differ when padded)
         self.names = names  # the model's output names, in output order
+        self.steps = steps  # a batch of sequence steps: its lanes; None for items
         self.nbytes = sum(a.nbytes for a in inputs)  # host bytes of all rows' inputs
+        if steps is not None and steps.ahead:  # every step of a multi-step batch
+            self.nbytes += sum(a.nbytes - inputs[i].nbytes for i, a in steps.ahead.items())
         self.priority = priority  # higher runs first
         self.deadline = deadline  # perf_counter seconds before which rows must start; or None
         self.depends_on = depends_on  # requests that must end DONE before any row runs
-        self.requests = requests  # one per row where the caller asked for Request objects
+        self.requests: tuple[Request, ...] | None = None  # one per row, where asked for
         # shared by those requests: their transitions batch (a stateful model's step works
         # share one lock for all of them)
         self.lock = threading.RLock() if lock is None else lock
         self.submitted = submitted  # perf_counter at submit
         self.admitted: float | None = None  # perf_counter when the Scheduler admitted it
-        self.state = RequestState.WAITING  # of the work as a whole; terminal once settled
+        self.state = S.WAITING  # of the work as a whole; terminal once finished
         self.taken = 0  # rows handed to batches (or dropped), in row order
         self.held = False  # a ModelBatcher holds it (rows not yet taken into batches)
-        self.slots: np.ndarray | None = None  # sequence steps: each row's StatePool slot
-        self.state_rows: StateRows | None = None  # ... and their device slots (acl)
-        self.formed = False  # a batch already (sequence steps): the batcher sends it at once
-        # a multi-step batch of sequence steps: the steps it runs, and per fed input its rows
-        # for every step ([rows, steps, *item]; `inputs` holds the first step's)
-        self.steps = 1
-        self.ahead: dict[int, np.ndarray] | None = None
-        self.settled = 0  # rows that ended (outputs, error, cancelled, timed out)
+        self.ended = 0  # rows that ended (outputs, error, cancelled, timed out)
         self.pieces: list[Piece] = []  # results by row range, for works without requests
         self.cancelled = False  # set by `cancel()` (any thread); rows not taken are dropped
         self.on_cancel = on_cancel  # tells the engine of `cancel()` (any thread)
-        self.listener = listener  # called once settled, on the engine's thread; must not block
-        self._done: threading.Lock | None = None  # held until settled; see wait()
+        # called once finished, on the engine's thread under its lock: framework code only
+        # (e.g. a queue's put), never the user's; must not block
+        self.listener = listener
+        self._done: threading.Lock | None = None  # held until finished; see wait()
+
+    # -- named constructors ---------------------------------------------------------------
+
+    @classmethod
+    def for_items(
+        cls,
+        first_id: int,
+        model: str,
+        inputs: tuple[np.ndarray, ...],
+        *,
+        per_item: bool = False,
+        callback: Callback | None = None,
+        created: float,
+        **fields: Any,
+    ) -> Work:
+        """The rows of one call's items (ids from `first_id`); with `per_item`, one WAITING
+        Request per row, numbered from `first_id` and tied to its row (each row's inputs are
+        views made only when asked for). `fields`: `Work`'s keyword arguments."""
+        work = cls(first_id, model, inputs, submitted=created, **fields)
+        if per_item:
+            lock, on_cancel = work.lock, work.on_cancel
+            prio, deadline, deps = work.priority, work.deadline, work.depends_on
+            work.requests = tuple(
+                Request(
+                    first_id + i,
+                    model,
+                    priority=prio,
+                    deadline=deadline,
+                    depends_on=deps,
+                    callback=callback,
+                    on_cancel=on_cancel,  # type: ignore[arg-type]  # a Request or a Work
+                    work=work,
+                    row=i,
+                    lock=lock,
+                    created=created,
+                )
+                for i in range(work.rows)
+            )
+        return work
+
+    @classmethod
+    def for_steps(
+        cls,
+        id: int,
+        model: str,
+        inputs: tuple[np.ndarray, ...],
+        steps: StepRows,
+        *,
+        requests: Sequence[Request] | None = None,
+        **fields: Any,
+    ) -> Work:
+        """A batch of sequence steps: row i is the next step of lane `steps.lanes[i]`; with
+        `requests` (one per row, WAITING, made by their StepBatcher), each is tied to its
+        row. `fields`: `Work`'s keyword arguments."""
+        work = cls(id, model, inputs, steps=steps, **fields)
+        if requests is not None:
+            work.requests = tuple(requests)
+            for j, r in enumerate(work.requests):
+                r.work = work
+                r.row = j
+        return work
 
     @classmethod
     def rejected(
         cls, id: int, model: str, error: BaseException, rows: int, names: tuple[str, ...]
     ) -> Work:
-        """`rows` items that failed their input check: settled at once, `error` in every
+        """`rows` items that failed their input check: finished at once, `error` in every
         row (`oi.map(..., on_error="return")` yields it in their place)."""
         work = cls(id, model, (), shape_key=(), exact=(), names=names, submitted=0.0)
         work.rows = rows
-        work.taken = work.settled = rows
+        work.taken = work.ended = rows
         work.pieces = [(0, rows, error)]
-        work.state = RequestState.ERROR
+        work.state = S.ERROR
         return work
 
     def __repr__(self) -> str:
@@ -145,9 +245,35 @@ class Work:
 
     @property
     def done(self) -> bool:
-        return self.state >= RequestState.DONE
+        return self.state >= S.DONE
 
-    # -- the engine's side ----------------------------------------------------------------
+    @property
+    def alone(self) -> bool:
+        """Its rows run as one batch of their own (a cohort of sequence steps)."""
+        return self.steps is not None and self.steps.alone
+
+    @property
+    def lanes(self) -> np.ndarray | None:
+        """Sequence steps: each row's state lane; None for items."""
+        return None if self.steps is None else self.steps.lanes
+
+    @property
+    def state_rows(self) -> StateRows | None:
+        """Sequence steps whose state the session keeps on the device: where it lives."""
+        return None if self.steps is None else self.steps.state_rows
+
+    # -- state changes --------------------------------------------------------------------
+
+    def admit(self, now: float) -> None:
+        """WAITING -> READY: the Scheduler admitted it (not stamped before its submission)."""
+        assert self.state is S.WAITING, self
+        self.state = S.READY
+        self.admitted = max(now, self.submitted)
+
+    def start(self) -> None:
+        """READY -> RUNNING: its first rows went into a batch (the batcher)."""
+        if self.state is S.READY:
+            self.state = S.RUNNING
 
     def arm(self) -> None:
         """Make `wait()` block until `finish()`; called before the work is submitted."""
@@ -155,13 +281,13 @@ class Work:
         self._done.acquire()
 
     def finish(self) -> None:
-        """Every row has ended: order the pieces and wake the waiter (engine thread)."""
+        """Every row has ended: order the pieces, end in DONE or ERROR, free the rows'
+        inputs and wake the waiter (the engine's loop)."""
         if len(self.pieces) > 1:
             self.pieces.sort(key=lambda p: p[0])
         failed = any(isinstance(p[2], BaseException) for p in self.pieces)
-        self.state = RequestState.ERROR if failed else RequestState.DONE
+        self.state = S.ERROR if failed else S.DONE
         self.inputs = ()  # free the rows' memory as soon as they are finished
-        self.ahead = None
         self.requests = None  # a request kept by its caller no longer keeps its siblings
         if self._done is not None:
             self._done.release()
@@ -172,7 +298,7 @@ class Work:
 
     def cancel(self) -> None:
         """Drop the rows not yet running (any thread); the others still finish."""
-        if self.cancelled or self.state >= RequestState.DONE:
+        if self.cancelled or self.state >= S.DONE:
             return
         self.cancelled = True
         if self.on_cancel is not None:
@@ -181,7 +307,7 @@ class Work:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every row has ended; False if `timeout` seconds passed first."""
         done = self._done
-        if done is None or self.state >= RequestState.DONE:
+        if done is None or self.state >= S.DONE:
             return True
         if done.acquire(timeout=-1 if timeout is None else timeout):
             done.release()
@@ -202,20 +328,12 @@ class Work:
 
     def items(self) -> Iterator[Outputs | BaseException]:
         """Every row's outputs or error, in row order (after wait)."""
-        names = self.names
         for start, stop, value in self.pieces:
             if isinstance(value, BaseException):
                 for _ in range(start, stop):
                     yield value
-            elif not self.batched:
-                yield dict(zip(names, value, strict=True))
-            elif len(names) == 1:
-                name = names[0]
-                for row in value[0]:
-                    yield {name: row}
             else:
-                for row in zip(*value, strict=True):
-                    yield dict(zip(names, row, strict=True))
+                yield from row_outputs(self.names, value, self.batched)
 
     def arrays(self) -> Sequence[tuple[int, int, dict[str, np.ndarray] | BaseException]]:
         """Results by row range (start, stop, name -> rows or error), in row order."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import numpy as np
 
-from inferchain.backends.base import Backend, Session, StateRows
+from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig
 from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import (
@@ -27,10 +27,9 @@ from inferchain.core.records import (
     Batch,
     BatchResult,
     BatchTiming,
-    ShapeKey,
     WorkerChanged,
 )
-from inferchain.core.sequences import StatePool
+from inferchain.core.state_pool import StatePool
 from inferchain.errors import (
     BackendError,
     ConfigError,
@@ -42,8 +41,8 @@ from inferchain.errors import (
 from inferchain.layout import Axis, Layout, rows_first
 from inferchain.logs import get_logger, log_safely
 from inferchain.output_rows import OutputProbe, check_rows, probe_session
-from inferchain.shapes import ShapePolicy
-from inferchain.tensors import TensorDesc
+from inferchain.shapes import ShapeKey, ShapePolicy
+from inferchain.tensors import StateRows, TensorDesc
 
 log = get_logger(__name__)
 
@@ -92,6 +91,13 @@ def _on_axes(layout: Layout) -> str:
     return f" (its fixed batch dims, on the inputs' batch axes {axes})" if any(axes) else ""
 
 
+def _step_count(batch: Batch) -> int:
+    """Steps the batch runs: K for a multi-step batch of sequence steps (alone in its
+    batch), else 1."""
+    steps = batch.slices[0].work.steps
+    return 1 if steps is None else steps.count
+
+
 def _state_rows(batch: Batch) -> StateRows | None:
     """Where the steps of `batch` keep their state on the device; None for a batch that
     holds no steps (steps batch only with steps, so it is all or none)."""
@@ -130,7 +136,7 @@ class ModelWorker:
         self.consecutive_failures = 0
         self.session: Session | None = None
         self.shapes: ShapePolicy | None = None  # set by prepare(), before the first batch
-        self.pool: StatePool | None = None  # a stateful model's slots: carried outputs go there
+        self.pool: StatePool | None = None  # a stateful model's lanes: carried outputs go there
         self.state_on_device = False  # ... or into the session's device slots (prepare())
         self._backend = backend
         self._device = device
@@ -145,7 +151,7 @@ class ModelWorker:
         self.probed: OutputProbe | None = None  # the real output shapes (prepare with probe)
         self._sizes: dict[ShapeKey, int] = {}  # elements of one row, per item shape key
         self._layout: Layout | None = None
-        self._shared = False  # the model has unbatched inputs (no warm-up with zeros)
+        self._unbatched = False  # the model has unbatched inputs (no warm-up with zeros)
         self._in_flight: deque[_InFlight] = deque()
         self._ready = threading.Event()
         self._init_error: BaseException | None = None
@@ -267,7 +273,7 @@ class ModelWorker:
         self._moved_outputs = layout.moved_outputs
         self._returned = (session.outputs, layout.outputs)
         self._rows_first = all(a == 0 for a in layout.outputs)
-        self._shared = bool(layout.shared)
+        self._unbatched = bool(layout.unbatched)
         pad = self.shapes.pad_values if self.shapes is not None else 0.0
         self._buffers = HostBuffers(session.inputs, self.model.batch_rows, pad, layout.inputs)
         log.debug("worker_ready", worker=self.name, inputs=[t.describe() for t in session.inputs])
@@ -280,7 +286,7 @@ class ModelWorker:
             self._buffers.max_sets = max(self._buffers.max_sets, 2 * len(item.policy.buckets))
             # zeros may not be a value an unbatched input accepts (a sampling rate of 0):
             # such a model gets its buffers but no warm-up run
-            warm = item.warm and not self._shared
+            warm = item.warm and not self._unbatched
             keys = item.policy.warm_keys() if self._batching else []
             probed = warm and item.probe and bool(keys)
             if probed:  # its run at the max batch is the first key's warm-up
@@ -341,7 +347,7 @@ class ModelWorker:
                 if self.pool.launching(state):
                     raise self.pool.lost_error()
             flight.run_start = time.perf_counter()
-            if batch.slices[0].work.steps > 1:  # run step after step at collect
+            if _step_count(batch) > 1:  # run step after step at collect
                 flight.steps = (feed, state)
             else:  # `state`: steps whose state is in the session's device slots
                 session.launch(feed, self._rows(batch), batch.stream, state)
@@ -405,23 +411,23 @@ class ModelWorker:
     def _run_steps(
         self, batch: Batch, feed: list[np.ndarray], state: StateRows | None
     ) -> tuple[np.ndarray, ...]:
-        """Run the K steps of a multi-step batch one after the other (a formed Work, alone
+        """Run the K steps of a multi-step batch one after the other (a cohort's Work, alone
         in its batch), each step's carried outputs the next one's carried inputs; every
         output comes back as [rows, K, *item]. The carried state of the last step goes to
-        the pool's slots (or stays in the device slots)."""
+        the pool's lanes (or stays in the device lanes)."""
         assert self.session is not None and self.pool is not None and self._layout is not None
         session, n, stream = self.session, batch.rows, batch.stream
         size = self._rows(batch)
         s = batch.slices[0]
-        work = s.work
-        assert work.ahead is not None
+        steps = s.work.steps
+        assert steps is not None and steps.ahead is not None
         in_axes = self._layout.inputs
         feed = list(feed)
         stacked: list[np.ndarray] = []
         outputs: tuple[np.ndarray, ...] = ()
-        for k in range(work.steps):
+        for k in range(steps.count):
             if k:
-                for i, rows in work.ahead.items():  # this step's rows, in the model's layout
+                for i, rows in steps.ahead.items():  # this step's rows, in the model's layout
                     feed[i] = _laid_out(rows[s.start : s.stop, k], in_axes[i])
                 if state is None:  # the state the last step left (its rows first)
                     for out, i, _ in self.pool.carried:
@@ -431,7 +437,7 @@ class ModelWorker:
             if k == 0 and state is not None:  # in the device slots now, for every row
                 state = state.stepped()
             if not stacked:
-                stacked = [np.empty((n, work.steps, *o.shape[1:]), o.dtype) for o in outputs]
+                stacked = [np.empty((n, steps.count, *o.shape[1:]), o.dtype) for o in outputs]
             for whole, o in zip(stacked, outputs, strict=True):
                 whole[:, k] = o
         if state is None:
@@ -507,7 +513,7 @@ class ModelWorker:
             end=time.perf_counter(),
             stages=dict(stages) if stages else NO_STAGES,
             stream=batch.stream,
-            steps=sum(s.rows * s.work.steps for s in batch.slices if s.work.slots is not None)
+            steps=sum(s.rows * _step_count(batch) for s in batch.slices if s.work.steps is not None)
             if self.pool is not None
             else 0,
             elements=elements,

@@ -15,10 +15,10 @@ import numpy as np
 
 from inferchain.config import ModelConfig, SchedulerConfig
 from inferchain.core.batcher import ModelBatcher
-from inferchain.core.records import ShapeKey
 from inferchain.core.request import Request, RequestState
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.work import Work
+from inferchain.shapes import ShapeKey
 
 S = RequestState
 
@@ -90,33 +90,23 @@ def create_work(
     the Work and its Requests are READY as the Scheduler leaves them then."""
     x = np.arange(rows * width, dtype=np.float32).reshape(rows, width) // width + id * 1000
     exact = ((width,),)
-    deps = tuple(depends_on)
-    requests = None
-    if per_item:
-        requests = tuple(
-            Request(id + i, model, (x[i],), priority=priority, depends_on=deps, on_cancel=on_cancel)
-            for i in range(rows)
-        )
-    work = Work(
+    work = Work.for_items(
         id,
         model,
         (x,),
+        per_item=per_item,
+        created=submitted,
         shape_key=exact if key is None else key,
         exact=exact,
         names=("y",),
-        submitted=submitted,
         batch_key=batch_key,
         priority=priority,
         deadline=deadline,
-        depends_on=deps,
-        requests=requests,
+        depends_on=tuple(depends_on),
+        on_cancel=on_cancel,
     )
-    for i, r in enumerate(requests or ()):
-        r.work = work
-        r.row = i
     if admitted is not None:
-        work.state = S.READY
-        work.admitted = admitted
-        for r in requests or ():
+        work.admit(admitted)
+        for r in work.requests or ():
             r.transition(S.READY)
     return work

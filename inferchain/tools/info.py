@@ -17,8 +17,8 @@ from inferchain.backends.factory import make_backend
 from inferchain.config import MODEL_SUFFIXES, PKG, Recipe, load_recipe, package_file
 from inferchain.errors import ConfigError
 from inferchain.memory import MemoryPlan
-from inferchain.models import describe
 from inferchain.output_rows import OutputProbe, probe_session, real_shapes
+from inferchain.registry import describe
 from inferchain.tensors import ModelInfo
 from inferchain.tools.table import megabytes, render
 
@@ -73,7 +73,7 @@ def describe_recipe(recipe: Recipe, *, acl_module: object | None = None) -> list
                 problems: tuple[str, ...] = ()
                 fixed = session.max_batch_size
                 rows = model.batch_rows if fixed is None else min(model.batch_rows, fixed)
-                if keys and not shapes.layout.shared:  # zeros are values it takes
+                if keys and not shapes.layout.unbatched:  # zeros are values it takes
                     probed, verdict = probe_session(
                         model.name, session, shapes.layout, rows, keys[0]
                     )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import attrs
 
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
-from inferchain.core.sequences import STEP_COHORTS, PendingSteps, StatePool
+from inferchain.core.state_pool import StatePool
+from inferchain.core.step_batcher import STEP_COHORTS, StepBatcher
 from inferchain.core.worker import ModelWorker, Outbox
 from inferchain.errors import ConfigError
 from inferchain.inputs import InputSpec
@@ -18,9 +18,6 @@ from inferchain.memory import MemoryPlan, plan
 from inferchain.metrics import ModelMetrics
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
-
-if TYPE_CHECKING:
-    from inferchain.core.engine import ExecutionEngine
 
 
 @attrs.define
@@ -33,8 +30,8 @@ class LoadedModel:
     shapes: ShapePolicy  # which batch an item joins
     info: ModelInfo  # inputs, outputs, metadata
     memory: MemoryPlan  # its row of the memory budget table
-    pool: StatePool | None = None  # a stateful model's sequence slots (recipe `state:`)
-    steps: PendingSteps | None = None  # its sequences' next steps, until they form batches
+    pool: StatePool | None = None  # a stateful model's sequence lanes (recipe `state:`)
+    steps: StepBatcher | None = None  # its sequences' next steps, until they form batches
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -68,7 +65,7 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
             for w in model.workers:
                 w.pool = model.pool
         for model in models.values():  # warm-up runs on every worker thread at once
-            # the state may live in a session's device slots where one session runs every
+            # the state may live in a session's device lanes where one session runs every
             # step (with several, a sequence would have to stay on one)
             device_state = model.pool is not None and len(model.workers) == 1
             for w in model.workers:  # the first one checks what the model really returns
@@ -134,7 +131,7 @@ def _describe(model: ModelConfig, workers: list[ModelWorker]) -> LoadedModel:
 
 
 def state_pool(model: LoadedModel, recipe: Recipe) -> StatePool | None:
-    """The slots of a model with `state:` pairs, checked against the loaded model."""
+    """The lanes of a model with `state:` pairs, checked against the loaded model."""
     config = model.config
     if not config.state:
         if config.constant:
@@ -182,19 +179,17 @@ def _constant_inputs(model: LoadedModel, recipe: Recipe, carried: set[int]) -> l
         i = names.index(name)
         if i in carried:
             raise ConfigError(f"{where}: {name!r} is a carried input (key 'state'), not a constant")
-        if i in model.spec.shared:
+        if i in model.spec.unbatched:
             raise ConfigError(f"{where}: {name!r} is unbatched (batched: false), not per sequence")
         found.append(i)
     return found
 
 
-def pending_steps(
-    model: LoadedModel, engine: ExecutionEngine, metrics: ModelMetrics
-) -> PendingSteps:
-    """The step queue of a stateful model, feeding `engine` (after `state_pool`)."""
+def step_batcher(model: LoadedModel, metrics: ModelMetrics) -> StepBatcher:
+    """The step queue of a stateful model (after `state_pool`)."""
     assert model.pool is not None
     config = model.config
-    return PendingSteps(
+    return StepBatcher(
         model.pool,
         model.spec,
         names=model.step_names,
@@ -202,9 +197,6 @@ def pending_steps(
         batch_rows=config.batch_rows,
         delay_s=config.max_queue_delay_ms / 1000.0,
         cohorts=max(STEP_COHORTS, config.instances),
-        on_cancel=engine.cancelled,
-        submit=engine.submit_steps,
-        wake=engine.wake,
         record=metrics.record_steps_formed,
     )
 
