@@ -149,6 +149,22 @@ class InputSpec:
             )
         return block
 
+    def groups(self, items: Any) -> list[Item]:
+        """`items` checked, as the rows of one array per input for each run of consecutive
+        items of equal shapes (and equal values of the unbatched inputs); an array whose
+        rows are the items is checked at once and kept as it is; for a model with
+        `max_batch_size: 0` each item on its own. Raises `InvalidInput`."""
+        if isinstance(items, np.ndarray) and self.takes_rows:
+            block = self.rows(items)
+            return [(block,)] if len(block) else []
+        arrays = [self.normalize(item) for item in items]
+        if not self.batching:
+            return arrays
+        unbatched = self.unbatched
+        if len(arrays) == 1 and not unbatched:
+            return [tuple(a[None] for a in arrays[0])]
+        return [stack(arrays[a:b], unbatched) for a, b in runs(arrays, unbatched)]
+
     @property
     def takes_rows(self) -> bool:
         """True when items may come as the rows of one array (one batched input)."""

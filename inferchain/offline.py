@@ -31,7 +31,7 @@ from inferchain.driver import PipelineDriver, idle_flush
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.host_processes import HostProcesses
 from inferchain.in_flight import in_flight
-from inferchain.inputs import Item, rows_unbatched_values, runs, stack
+from inferchain.inputs import Item
 from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
@@ -610,40 +610,21 @@ class OfflineInference:
     ) -> list[Work]:
         """Checked WAITING works for `items`, one per run of same-shape items."""
         loaded = self._model(model)
-        config = loaded.config
-        spec = loaded.spec
-        if isinstance(items, np.ndarray) and spec.takes_rows:
-            block = spec.rows(items)
-            groups: list[Item] = [(block,)] if len(block) else []
-        else:
-            arrays = [spec.normalize(item) for item in items]
-            if not spec.batching:
-                groups = list(arrays)
-            else:
-                shared = spec.unbatched
-                groups = [stack(arrays[a:b], shared) for a, b in runs(arrays, shared)]
+        config, spec = loaded.config, loaded.spec
+        groups = spec.groups(items)
         self._check_room(loaded, groups)
         prio = config.priority if priority is None else priority
         timeout = config.timeout_s if timeout is None else timeout
         now = time.perf_counter()
         deadline = None if timeout is None else now + timeout
-        names = loaded.output_names
         engine = self._running_engine()
         run = current_run.get() if config.batching == "fill" else None
         works = []
         for inputs in groups:
-            batched = spec.batching
-            exact = (
-                tuple(a.shape[1:] for a in inputs) if batched else tuple(a.shape for a in inputs)
-            )
-            if batched:
-                unbatched = rows_unbatched_values(inputs, spec.unbatched)
-                key, joins = loaded.shapes.keys(exact, unbatched)
-            else:
-                key = joins = exact
+            exact, key, joins = loaded.shapes.keys_of_rows(inputs, spec)
             if run is not None:
                 joins = (run, joins)  # anchored: two runs never share a batch
-            rows = len(inputs[0]) if batched else 1
+            rows = len(inputs[0]) if spec.batching else 1
             work = Work.for_items(
                 self._take_ids(rows if per_item else 1),
                 model,
@@ -654,8 +635,8 @@ class OfflineInference:
                 shape_key=key,
                 batch_key=joins,
                 exact=exact,
-                names=names,
-                batched=batched,
+                names=loaded.output_names,
+                batched=spec.batching,
                 priority=prio,
                 deadline=deadline,
                 depends_on=depends_on,

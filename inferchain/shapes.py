@@ -24,6 +24,7 @@ import numpy as np
 
 from inferchain.config import ModelConfig
 from inferchain.errors import ConfigError, InvalidInput
+from inferchain.inputs import InputSpec, rows_unbatched_values
 from inferchain.layout import Layout
 from inferchain.logs import get_logger
 from inferchain.tensors import TensorDesc
@@ -205,6 +206,21 @@ class ShapePolicy:
         if self.settled and len(self._keys) < _KEYS_KEPT:  # the same from now on
             self._keys[(exact, values)] = found
         return found
+
+    def keys_of_rows(
+        self, inputs: Sequence[np.ndarray], spec: InputSpec
+    ) -> tuple[ShapeKey, ShapeKey, Hashable]:
+        """For rows stacked as one array per input (`spec`'s model): their item shapes, their
+        shape key and what they must share to run in one batch (`keys`). A model without
+        batching (`max_batch_size: 0`) takes its inputs whole: each is its own key."""
+        if not spec.batching:
+            exact = tuple(a.shape for a in inputs)
+            return exact, exact, exact
+        exact = tuple(a.shape[1:] for a in inputs)
+        unbatched = spec.unbatched
+        values = rows_unbatched_values(tuple(inputs), unbatched) if unbatched else None
+        key, joins = self.keys(exact, values)
+        return exact, key, joins
 
     def group_of(self, key: ShapeKey) -> Hashable:
         """What items of batch key `key` must share to run in one batch: the key itself, or

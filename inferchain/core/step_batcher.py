@@ -29,7 +29,7 @@ from inferchain.core.request import Callback, Request
 from inferchain.core.state_pool import StatePool
 from inferchain.core.work import StepRows, Work
 from inferchain.errors import InvalidInput
-from inferchain.inputs import InputSpec, rows_unbatched_values, unbatched_values
+from inferchain.inputs import InputSpec, unbatched_values
 from inferchain.shapes import ShapePolicy
 
 STEP_COHORTS = 2  # a stateful model's open sequences step in this many batches at least
@@ -281,9 +281,7 @@ class StepBatcher:
         own) or with options of its own."""
         pool = self.pool
         inputs = tuple(self._column(i, items, lanes) for i in range(len(self.spec.names)))
-        exact = tuple(a.shape[1:] for a in inputs)
-        unbatched = rows_unbatched_values(inputs, self.spec.unbatched)
-        shape_key, joins = self.shapes.keys(exact, unbatched)
+        exact, shape_key, joins = self.shapes.keys_of_rows(inputs, self.spec)
         state_rows = pool.state_rows(lanes)
         if not queued and state_rows is not None:  # batches only with other steps
             joins = ("steps", joins)

@@ -117,7 +117,7 @@ class Work:
         priority: int = 0,
         deadline: float | None = None,
         depends_on: tuple[Request, ...] = (),
-        on_cancel: Callable[[Work], None] | None = None,
+        on_cancel: Callable[[Any], None] | None = None,
         listener: Callable[[Work], None] | None = None,
         lock: threading.RLock | None = None,
         run: tuple[int, int] | None = None,
@@ -175,27 +175,42 @@ class Work:
         model: str,
         inputs: tuple[np.ndarray, ...],
         *,
+        shape_key: ShapeKey,
+        exact: ShapeKey,
+        names: tuple[str, ...],
+        created: float,
         per_item: bool = False,
         callback: Callback | None = None,
-        created: float,
-        **fields: Any,
+        batch_key: Hashable = None,
+        batched: bool = True,
+        priority: int = 0,
+        deadline: float | None = None,
+        depends_on: tuple[Request, ...] = (),
+        on_cancel: Callable[[Any], None] | None = None,
+        listener: Callable[[Work], None] | None = None,
+        run: tuple[int, int] | None = None,
     ) -> Work:
-        """The rows of one call's items (ids from `first_id`); with `per_item`, one WAITING
-        Request per row, numbered from `first_id` and tied to its row (each row's inputs are
-        views made only when asked for). `fields`: `Work`'s keyword arguments."""
-        work = cls(first_id, model, inputs, submitted=created, **fields)
+        """The rows of one call's items (ids from `first_id`, submitted at `created`); with
+        `per_item`, one WAITING Request per row, numbered from `first_id` and tied to its
+        row (each row's inputs are views made only when asked for); `on_cancel` is told of
+        a cancel of the Work or of one of its Requests."""
+        work = cls(
+            first_id, model, inputs, shape_key=shape_key, exact=exact, names=names,
+            submitted=created, batch_key=batch_key, batched=batched, priority=priority,
+            deadline=deadline, depends_on=depends_on, on_cancel=on_cancel, listener=listener,
+            run=run,
+        )  # fmt: skip
         if per_item:
-            lock, on_cancel = work.lock, work.on_cancel
-            prio, deadline, deps = work.priority, work.deadline, work.depends_on
+            lock = work.lock
             work.requests = tuple(
                 Request(
                     first_id + i,
                     model,
-                    priority=prio,
+                    priority=priority,
                     deadline=deadline,
-                    depends_on=deps,
+                    depends_on=depends_on,
                     callback=callback,
-                    on_cancel=on_cancel,  # type: ignore[arg-type]  # a Request or a Work
+                    on_cancel=on_cancel,
                     work=work,
                     row=i,
                     lock=lock,
