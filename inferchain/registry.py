@@ -65,9 +65,9 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
             for w in model.workers:
                 w.pool = model.pool
         for model in models.values():  # warm-up runs on every worker thread at once
-            # the state may live in a session's device lanes where one session runs every
-            # step (with several, a sequence would have to stay on one)
-            device_state = model.pool is not None and len(model.workers) == 1
+            # the state may live in each session's device lanes (with several instances,
+            # each keeps the sequences of its partition of the lanes)
+            device_state = model.pool is not None
             for w in model.workers:  # the first one checks what the model really returns
                 w.prepare(
                     model.shapes,
@@ -79,6 +79,7 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
             if pool is not None and all(w.state_on_device for w in model.workers):
                 pool.on_device = True
                 pool.max_rows = min(pool.size, model.config.batch_rows)
+                pool.partition(len(model.workers))
     except ConfigError as e:  # checked against a loaded model: name the recipe file too
         stop_workers(all_workers(workers.values()))
         source = str(recipe.source)

@@ -205,18 +205,23 @@ def test_without_the_key_the_constant_goes_in_at_every_step(att: Path) -> None:
     assert fake.copies()["h2d"][1] == steps * ROW + len(items) * 2 * ROW + fed
 
 
-def test_two_instances_feed_it_from_the_host(att: Path) -> None:
-    """With the state on the host (several instances), the constant is fed at every step."""
+def test_two_instances_each_keep_the_constants_of_their_own_sequences(att: Path) -> None:
+    """With two instances each session keeps the state and the constant of its partition
+    of the lanes: still once per sequence, the pad row once per session; each sequence's
+    steps run on its own instance."""
     r = att_recipe(att, instances=2)
     fake = compiled(r)
-    items = units(8, seed=7)
+    items = units(16, seed=7)
     results, stepper = run(r, items, fake)
     for got, item in zip(results, items, strict=True):
         np.testing.assert_allclose(got, expected(item), rtol=1e-5, atol=1e-5)
     steps = sum(rows for rows, _, _ in stepper.feeds)
-    fed = sum(rows * width * ROW for rows, width, _ in stepper.feeds)
-    assert fake.copies()["h2d"][1] == 2 * steps * ROW + fed  # x, the state, the memory
-    assert fake.copies()["d2d"] == (0, 0)
+    uploaded = sum(width * ROW * fresh for _, width, fresh in stepper.feeds)
+    copies = fake.copies()
+    initial_state = len(items) * 2 * ROW
+    assert copies["h2d"][1] == steps * ROW + initial_state + uploaded + 2 * LONGEST * ROW
+    assert copies["d2h"][1] == steps * ROW  # `total` only: the state never comes back
+    assert fake.errors == []
 
 
 def _slot(dims: tuple[int, ...], dtype: Any, name: str) -> Slot:

@@ -21,7 +21,7 @@ from inferchain.core.request import Request, RequestState
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.sequence_runner import SequenceRunner
 from inferchain.core.state_pool import StatePool
-from inferchain.core.work import Work
+from inferchain.core.work import StepRows, Work
 from inferchain.core.workers import WorkerSet
 from inferchain.errors import BackendError
 from inferchain.inputs import InputSpec
@@ -350,3 +350,39 @@ def test_done_listeners_of_the_requests_a_step_ends_run_after_it_outside_the_loc
     h.finish(h.dispatched()[0])
     h.step(T0)
     assert sorted(seen) == [(1, False), (2, False)]
+
+
+def pinned_steps(h: Harness, worker: int, rows: int = 1) -> Work:
+    """A batch of sequence steps whose state only instance `worker`'s session holds."""
+    x = np.zeros((rows, 4), np.float32)
+    steps = StepRows(np.arange(rows, dtype=np.intp), worker=worker)
+    work = Work.for_steps(h.next_id, "m", (x,), steps, shape_key=((4,),), exact=((4,),),
+                          names=("y",), submitted=T0)  # fmt: skip
+    h.next_id += 1
+    work.arm()
+    h.engine.submit_steps(work)
+    return work
+
+
+def test_steps_pinned_to_an_instance_run_there_and_wait_while_it_is_full() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3), workers=2)
+    model = h.engine._models["m"]
+    model.batch_s = [1.0, 1.0]  # long batches: each worker holds two at most
+    for _ in range(3):
+        pinned_steps(h, worker=1)
+    h.step(T0)
+    assert [len(w.batches) for w in h.workers] == [0, 2]  # the third waits for instance 1
+    h.finish(h.workers[1].batches[0])
+    h.step(T0)
+    assert [len(w.batches) for w in h.workers] == [0, 3]
+
+
+def test_steps_pinned_to_a_dead_instance_fail_naming_it() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3), workers=2)
+    h.workers[1].healthy, h.workers[1].dead = False, True
+    work = pinned_steps(h, worker=1)
+    h.step(T0)
+    assert work.wait(0) and work.state is S.ERROR
+    (error,) = [v for _, _, v in work.pieces]
+    assert isinstance(error, BackendError) and "instance 1" in str(error)
+    assert h.dispatched() == []

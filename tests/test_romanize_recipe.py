@@ -190,14 +190,15 @@ def test_the_recipe_on_acl_gives_the_package_hypotheses(
     assert all(n == 0 for n in fake.live_handles().values()), fake.live_handles()
 
 
+@pytest.mark.parametrize("instances", [1, 2])
 def test_on_acl_each_unit_memory_crosses_to_the_device_once(
-    units: list[str], spec: Any, expected: list[Any]
+    units: list[str], spec: Any, expected: list[Any], instances: int
 ) -> None:
-    """The decoder as one instance on acl keeps its state and its `constant:` input
-    `memory` in device slots: per step batch only the last tokens and the (unaligned, so
-    host-fed) `src_mask` go in; per unit its initial `hidden` and its `memory` once, at
-    the width of its first step batch. The exact host-to-device bytes, from what the
-    stepper fed; the package's hypotheses, bit for bit."""
+    """The decoder on acl (one instance, or two as shipped: each its own units) keeps its
+    state and its `constant:` input `memory` in device lanes: per step batch only the last
+    tokens and the (unaligned, so host-fed) `src_mask` go in; per unit its initial `hidden`
+    and its `memory` once, at the width of its first step batch. The exact host-to-device
+    bytes, from what the stepper fed; the package's hypotheses, bit for bit."""
 
     pipeline = recipe_module("pipeline")
 
@@ -214,7 +215,7 @@ def test_on_acl_each_unit_memory_crosses_to_the_device_once(
 
     sources = [spec.source_ids(u) for u in units]
     widths = range(1, max(len(s) for s in sources) + 1)
-    recipe = ic.load_recipe(RECIPE, backend="acl", models={"decoder": {"instances": 1}})
+    recipe = ic.load_recipe(RECIPE, backend="acl", models={"decoder": {"instances": instances}})
     fake = compiled_for(recipe, widths)
     with ic.OfflineInference(recipe, acl_module=fake) as oi:
         steps = oi._pipeline.steps = Recording(spec)
@@ -230,7 +231,7 @@ def test_on_acl_each_unit_memory_crosses_to_the_device_once(
     decoder = sum(rows * (8 + width) for rows, width, _ in steps.feeds)  # prefix, src_mask
     hidden = len(units) * 2 * 2 * 256 * 4  # each beam's initial state
     memory = sum(width * 256 * 4 * fresh for _, width, fresh in steps.feeds)
-    pad = max(widths) * 256 * 4  # the pad row, once
+    pad = instances * max(widths) * 256 * 4  # the pad row, once per session
     assert fake.copies()["h2d"][1] == encoder + decoder + hidden + memory + pad
     fed_every_step = sum(rows * width * 256 * 4 for rows, width, _ in steps.feeds)
     assert memory * 10 < fed_every_step

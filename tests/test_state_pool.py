@@ -140,3 +140,29 @@ def test_a_cancelled_step_leaves_its_group_or_tells_the_caller_the_engine_must_h
     step(b, lanes[1], 2, 2.0)
     formed, _, in_work = step(b, lanes[2], 3, 3.0)
     assert formed and not b.cancelled(in_work)  # in a Work: the engine ends it
+
+
+def test_partitions_keep_a_sequence_on_one_instance_and_a_reload_loses_only_its_own() -> None:
+    p = pool(4)
+    p.on_device = True
+    p.partition(2)  # lanes 0-1: instance 0, lanes 2-3: instance 1
+    a = p.acquire({}, rows=2)  # the partition with the most free lanes
+    b = p.acquire({}, rows=2)
+    assert {p.worker_of(a), p.worker_of(b)} == {0, 1}
+    assert len({p.partition_of(int(lane)) for lane in a}) == 1  # one sequence, one instance
+    with pytest.raises(QueueFull):
+        p.acquire({}, timeout=0)
+    p.state_rows(a), p.state_rows(b)  # both past their first step
+    p.lose(worker=p.worker_of(a) or 0)
+    assert p.lost(a) and not p.lost(b)
+    p.release(b)
+    assert p.try_acquire(None, rows=2) is not None  # its partition is free again
+    assert p.try_acquire(None, rows=1) is None
+
+
+def test_a_sequence_larger_than_a_partition_is_refused() -> None:
+    p = pool(4)
+    p.on_device = True
+    p.partition(2)
+    with pytest.raises(InvalidInput, match="does not fit one batch of 2"):
+        p.acquire({}, rows=3)

@@ -56,17 +56,23 @@ class ModelBatcher:
         self._rows[key] += left
         self.num_ready += left
 
-    def due(self, now: float, all_idle: bool) -> tuple[BatchKey | None, float]:
+    def due(
+        self, now: float, all_idle: bool, skip: frozenset[BatchKey] | set[BatchKey] = frozenset()
+    ) -> tuple[BatchKey | None, float]:
         """The group to send now (the one whose oldest work waited longest among those
-        due), and when the next window expires."""
+        due, `skip` left out), and when the next window expires."""
         best: BatchKey | None = None
         best_t = next_due = float("inf")
         if self.fill and not self.flushing:
             for key, group in self.groups.items():
+                if key in skip:
+                    continue
                 if self._rows[key] >= self.max_rows or self._run_over(group[0]):
                     return key, next_due
             return None, next_due
         for key, group in self.groups.items():
+            if key in skip:
+                continue
             head = group[0].admitted
             if head is None:
                 head = now
@@ -82,6 +88,21 @@ class ModelBatcher:
             else:
                 next_due = min(next_due, head + self.delay)
         return best, next_due
+
+    def pinned(self, key: BatchKey) -> int | None:
+        """The instance group `key` must run on (sequence steps whose state its session
+        holds: a group never mixes two), or None."""
+        steps = self.groups[key][0].steps
+        return None if steps is None else steps.worker
+
+    def drop_group(self, key: BatchKey) -> list[Work]:
+        """Every work of group `key`, removed (their rows not yet taken are the engine's
+        to end)."""
+        works = list(self.groups.pop(key))
+        self.num_ready -= self._rows.pop(key)
+        for w in works:
+            w.held = False
+        return works
 
     def _run_over(self, work: Work) -> bool:
         """An anchored run's rows may leave as a partial batch: a later run of its driver

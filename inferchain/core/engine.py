@@ -38,7 +38,15 @@ import numpy as np
 
 from inferchain.config import ModelConfig
 from inferchain.core.callbacks import CallbackThread
-from inferchain.core.records import Batch, BatchResult, BatchTiming, Plan, Slice, WorkerChanged
+from inferchain.core.records import (
+    Batch,
+    BatchKey,
+    BatchResult,
+    BatchTiming,
+    Plan,
+    Slice,
+    WorkerChanged,
+)
 from inferchain.core.request import Request, RequestState, advance, conclude
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.sequences import Sequences
@@ -495,15 +503,31 @@ class ExecutionEngine:
         healthy = [w for w in model.workers if w.index in room]
         all_idle = all(model.idle(w) for w in healthy)
         batcher = model.batcher
+        skip: set[BatchKey] = set()  # groups pinned to an instance with no room now
         while batcher.groups:
             # the least loaded first: fewest batches in flight, then the most room
             open_ = [w for w in healthy if room[w.index] > 0]
             if not open_:
                 break
-            worker = min(open_, key=lambda w: (model.in_flight[w.index], -room[w.index]))
-            key, due_at = batcher.due(now, all_idle)
+            key, due_at = batcher.due(now, all_idle, skip)
             if key is None:
                 return due_at
+            pin = batcher.pinned(key)
+            if pin is None:
+                worker = min(open_, key=lambda w: (model.in_flight[w.index], -room[w.index]))
+            elif model.workers[pin].dead:  # the state of its sequences went with it
+                error = BackendError(
+                    f"model {model.name!r}: instance {pin}, which held these sequences' "
+                    "state, is dead"
+                )
+                for work in batcher.drop_group(key):
+                    self._drop_rows(work, error, S.ERROR)
+                continue
+            elif room.get(pin, 0) > 0:
+                worker = model.workers[pin]
+            else:  # its instance is busy or re-loading: the group waits for it
+                skip.add(key)
+                continue
             slices, rows = batcher.take(key)
             if not slices:
                 continue

@@ -259,13 +259,24 @@ class SequenceRunner:
     def _launch_ready(self) -> list[Work]:
         """The joining sequences' step batches, while fewer than `cohorts` are on their way."""
         works = []
+        pool = self.pool
         while self._joining and self._in_flight < self.cohorts:
             cap = cohort_size(self._live, self.cohorts, max(1, self.batch_rows // self.rows))
-            lives, self._joining = self._joining[:cap], self._joining[cap:]
+            if pool.partitions > 1:  # a cohort's lanes are one instance's
+                part = self._partition(self._joining[0])
+                lives = [j for j in self._joining if self._partition(j) == part][:cap]
+                taken = {id(j) for j in lives}
+                self._joining = [j for j in self._joining if id(j) not in taken]
+            else:
+                lives, self._joining = self._joining[:cap], self._joining[cap:]
             work = self._launch(lives)
             if work is not None:
                 works.append(work)
         return works
+
+    def _partition(self, live: _Live) -> int:
+        assert live.lanes is not None
+        return self.pool.partition_of(int(live.lanes[0]))
 
     def _launch(self, lives: list[_Live]) -> Work | None:
         pool = self.pool
@@ -332,6 +343,7 @@ class SequenceRunner:
             count=self.steps,
             ahead=ahead or None,
             cohort=Cohort(self, lives),
+            worker=pool.worker_of(lanes),
         )
         return Work.for_steps(
             self._take_id(),

@@ -13,6 +13,9 @@ Where the model's session keeps the state on the device (`Session.open_state`: a
 `on_device` is set and the host arrays hold only the initial values: each step batch then
 carries `StateRows` (the lane each row reads, the lane it writes, whether it is a first
 step), the session gathers and scatters on the device, and nothing is written back here.
+A model with several instances keeps each one's state in its own session: the lanes are
+split into one partition per instance (`partition`), a sequence's lanes are all in one, and
+its steps run on that instance only (`worker_of`).
 
 Who writes what (there is no lock but the one of the free list):
 - the free list: `acquire` / `release`, any thread, under `_cond`;
@@ -21,7 +24,7 @@ Who writes what (there is no lock but the one of the free list):
 - `_fresh`, `_read`, `_home` of a lane: its sequence's owner (`acquire`, `move`, and
   `state_rows` as it forms the next step);
 - `_lost`: the worker thread (`lose`, `launching`), and `acquire` of a lane no step uses;
-- `on_device`, `max_rows`: `init()`, before any sequence opens.
+- `on_device`, `max_rows`, the partitions: `init()`, before any sequence opens.
 
 A lane is owned by one party at a time: its sequence's (the caller of `oi.sequence`, or the
 `SequenceRunner`) between steps, its step's worker while the step runs.
@@ -29,6 +32,7 @@ A lane is owned by one party at a time: its sequence's (the caller of `oi.sequen
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -65,7 +69,9 @@ class StatePool:
             i: np.zeros((size, *shape), dtype)
             for (_, i, _), shape, dtype in zip(self.carried, shapes, dtypes, strict=True)
         }
-        self._free = list(range(size - 1, -1, -1))
+        self._free: list[list[int]] = [list(range(size - 1, -1, -1))]  # per partition
+        self._num_free = size
+        self._part = np.zeros(size, np.intp)  # each lane's partition
         self._cond = threading.Condition()
         # the state lives in the session's device lanes (set once at init); then, per
         # lane: still its initial value (here), the lane its next step reads (a reorder),
@@ -77,14 +83,43 @@ class StatePool:
         self._lost = np.zeros(size, bool)
         self._home = np.arange(size, dtype=np.intp)
 
+    def partition(self, parts: int) -> None:
+        """Split the lanes into `parts` partitions of consecutive lanes, one per instance
+        whose session keeps its sequences' state (`init()`, before any sequence opens)."""
+        assert self._num_free == self.size and parts >= 1
+        bounds = [self.size * p // parts for p in range(parts + 1)]
+        self._free = [list(range(bounds[p + 1] - 1, bounds[p] - 1, -1)) for p in range(parts)]
+        for p in range(parts):
+            self._part[bounds[p] : bounds[p + 1]] = p
+        self.max_rows = min(self.max_rows, min(b - a for a, b in itertools.pairwise(bounds)))
+
+    @property
+    def partitions(self) -> int:
+        return len(self._free)
+
+    def worker_of(self, lanes: np.ndarray) -> int | None:
+        """The instance whose session holds the state of `lanes` (one sequence's, or a step
+        batch's: all in one partition); None when any instance may run them."""
+        if len(self._free) == 1:
+            return None
+        return int(self._part[lanes[0]])
+
+    def partition_of(self, lane: int) -> int:
+        return int(self._part[lane])
+
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     @property
     def num_open(self) -> int:
         """Lanes in use: rows of the sequences open now (each may have a step on its way)."""
-        return self.size - len(self._free)
+        return self.size - self._num_free
+
+    def _room(self, rows: int) -> list[int] | None:
+        """The free list of the partition with the most free lanes, if it has `rows`."""
+        free = max(self._free, key=len)
+        return free if len(free) >= rows else None
 
     def acquire(
         self, initial: Mapping[str, np.ndarray], timeout: float | None = None, rows: int = 1
@@ -100,15 +135,19 @@ class StatePool:
         if rows > self.max_rows:  # its steps would be split over batches
             raise InvalidInput(
                 f"model {self.model!r}: a sequence of {rows} rows does not fit one batch of "
-                f"{self.max_rows} (max_batch_size), as its state on the device needs"
+                f"{self.max_rows} (max_batch_size, and one instance's share of max_sequences), "
+                "as its state on the device needs"
             )
         with self._cond:
-            if not self._cond.wait_for(lambda: len(self._free) >= rows, timeout):
+            if not self._cond.wait_for(lambda: self._room(rows) is not None, timeout):
                 raise QueueFull(
                     f"model {self.model!r}: all {self.size} sequence lanes are in use "
                     f"(max_sequences) after {timeout}s"
                 )
-            lanes = np.array([self._free.pop() for _ in range(rows)], dtype=np.intp)
+            free = self._room(rows)
+            assert free is not None
+            lanes = np.array([free.pop() for _ in range(rows)], dtype=np.intp)
+            self._num_free -= rows
         try:
             for name, i in self.inputs.items():
                 value = initial.get(name)
@@ -128,7 +167,7 @@ class StatePool:
     ) -> np.ndarray | None:
         """`acquire` without waiting: None when fewer than `rows` lanes are free."""
         with self._cond:
-            if len(self._free) < rows:
+            if self._room(rows) is None:
                 return None
         try:
             return self.acquire(initial or {}, 0, rows)
@@ -138,7 +177,9 @@ class StatePool:
     def release(self, lanes: np.ndarray) -> None:
         """Give `lanes` back (their sequence ended and no step of theirs is in flight)."""
         with self._cond:
-            self._free.extend(int(s) for s in lanes)
+            for lane in lanes.tolist():
+                self._free[self._part[lane]].append(lane)
+            self._num_free += len(lanes)
             self._cond.notify_all()
 
     def move(self, to: np.ndarray, source: np.ndarray) -> None:
@@ -169,10 +210,11 @@ class StatePool:
         self._read[lanes] = lanes
         return rows
 
-    def lose(self) -> None:
-        """The device lanes were made anew (a re-loaded session, on the worker's thread):
-        every lane past its first step has lost its state."""
-        self._lost |= ~self._fresh
+    def lose(self, worker: int = 0) -> None:
+        """The device lanes of instance `worker` were made anew (its re-loaded session, on
+        its thread): every lane of its partition past its first step has lost its state."""
+        mine = self._part == worker if len(self._free) > 1 else True
+        self._lost |= ~self._fresh & mine
 
     def lost(self, lanes: np.ndarray) -> bool:
         """Some of `lanes` lost their state (their next step cannot run)."""

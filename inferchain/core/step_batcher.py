@@ -155,6 +155,9 @@ class StepBatcher:
         formed: list[Work] = []
         new_group = False
         n = len(requests)
+        pool = self.pool
+        if pool.partitions > 1:  # steps of one instance's lanes batch together
+            keys = [(pool.partition_of(lane), key) for lane, key in zip(lanes, keys, strict=True)]
         with self.lock:
             for j, (request, lane, item, key) in enumerate(
                 zip(requests, lanes, items, keys, strict=True)
@@ -283,9 +286,10 @@ class StepBatcher:
         inputs = tuple(self._column(i, items, lanes) for i in range(len(self.spec.names)))
         exact, shape_key, joins = self.shapes.keys_of_rows(inputs, self.spec)
         state_rows = pool.state_rows(lanes)
-        if not queued and state_rows is not None:  # batches only with other steps
-            joins = ("steps", joins)
-        steps = StepRows(lanes, state_rows, alone=queued, queued=queued)
+        worker = pool.worker_of(lanes)
+        if not queued and state_rows is not None:  # batches only with steps of its instance
+            joins = ("steps", worker, joins)
+        steps = StepRows(lanes, state_rows, alone=queued, queued=queued, worker=worker)
         return Work.for_steps(
             id,
             pool.model,

@@ -50,6 +50,7 @@ class StepRows:
     alone: bool = True  # runs as a batch of its own, never cut (a cohort of steps)
     queued: bool = False  # formed by a StepBatcher, which hears of its rows' ending
     cohort: Any = None  # the SequenceRunner's cohort whose step batch it is, if any
+    worker: int | None = None  # the instance that must run it (its session holds the state)
 
 
 def row_outputs(

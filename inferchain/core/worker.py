@@ -535,7 +535,7 @@ class ModelWorker:
             self._init()
             if self.state_on_device:  # empty slots: the sequences past their first step
                 assert self.pool is not None  # lost their state
-                self.pool.lose()
+                self.pool.lose(self.index)
                 if not self._open_state():
                     raise BackendError(f"{self.name}: the re-loaded model keeps no device state")
         except Exception as e:
