@@ -572,13 +572,15 @@ class OfflineInference:
         works = []
         for inputs in groups:
             batched = spec.batching
-            exact = (
-                tuple(a.shape[1:] for a in inputs) if batched else tuple(a.shape for a in inputs)
-            )
+            on_device = False  # an input is a column of DeviceTensors
             if batched:
+                exact, on_device = spec.item_shapes(inputs)
                 key, joins = loaded.shapes.keys(exact, rows_shared_values(inputs, spec.shared))
             else:
+                exact = tuple(a.shape for a in inputs)
                 key = joins = exact
+            if on_device:
+                joins = ("device", joins)  # rows of DeviceTensors batch only together
             if run is not None:
                 joins = (run, joins)  # anchored: two runs never share a batch
             rows = len(inputs[0]) if batched else 1
