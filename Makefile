@@ -38,7 +38,7 @@ pytest: $(STAMP_DEV)
 gate: $(STAMP_DEV)
 	cd benchmarks && ../$(BIN)/python bench_core.py --quick --gate
 
-BENCHMARKS := bench_core bench_memory bench_startup bench_ocr bench_orientation bench_padding bench_ray bench_acl_streams bench_acl_pipeline bench_shards bench_vad bench_romanize
+BENCHMARKS := bench_core bench_memory bench_startup bench_ocr bench_orientation bench_padding bench_ray bench_acl_streams bench_acl_pipeline bench_handover bench_shards bench_vad bench_romanize
 
 bench: $(STAMP_DEV)
 	for b in $(BENCHMARKS); do $(BIN)/python benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done

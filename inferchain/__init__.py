@@ -23,6 +23,7 @@ from inferchain.errors import (
     RequestTimeout,
     StateLost,
 )
+from inferchain.handover import DeviceTensor
 from inferchain.metrics import Stats
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import ImagePipeline, Pipeline, Process, import_recipe_module
@@ -37,6 +38,7 @@ __all__ = [
     "Closed",
     "ConfigError",
     "DependencyFailed",
+    "DeviceTensor",
     "ImagePipeline",
     "InferchainError",
     "InvalidInput",

@@ -27,6 +27,7 @@ class _Schema:
     """Typed construction from plain dicts; `KEYS` maps key -> expected type."""
 
     KEYS: ClassVar[Mapping[str, object]] = {}
+    FIELDS: ClassVar[Mapping[str, str]] = {}  # key -> attribute, where they differ ("from")
 
     @classmethod
     def from_dict(cls, data: object, where: str, source: Path) -> Any:
@@ -37,7 +38,7 @@ class _Schema:
             path = f"{where}.{key}" if where else str(key)
             if key not in cls.KEYS:
                 raise ConfigError(f"{source}: unknown key {path!r}{_did_you_mean(key, cls.KEYS)}")
-            kwargs[key] = _coerce(value, cls.KEYS[key], path, source)
+            kwargs[cls.FIELDS.get(key, key)] = _coerce(value, cls.KEYS[key], path, source)
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as e:
@@ -203,25 +204,41 @@ class InputConfig(_Schema):
     Inside inferchain an item never has the batch dimension: its shape is the model's shape
     without `batch_axis`. An unbatched input (`batched: false`) takes one value for the whole
     batch, as the model declares it; rows share a batch only when that value is equal. `pad`
-    is what padding fills this input with (shape strategies that pad).
+    is what padding fills this input with (shape strategies that pad). `from: MODEL.OUTPUT`
+    says the input takes an earlier model's output unchanged: on acl that output stays in
+    device memory for it (`inferchain.handover`); `batches` is how many of the producer's
+    batches of it may wait there for their consumers at once (default 16).
     """
 
     KEYS: ClassVar[Mapping[str, object]] = {
         "batch_axis": int,
         "batched": bool,
         "pad": (float, bool, None),
+        "from": (str, None),
+        "batches": (int, None),
     }
+    FIELDS: ClassVar[Mapping[str, str]] = {"from": "from_output"}
     batch_axis: int = attrs.field(default=0, validator=_non_negative)  # the model's dim of rows
     batched: bool = True  # False: one value per batch (e.g. a sampling rate), no batch dim
     # the value padded rows get in this input (default: the model's `shapes.pad_value`);
     # true / false for a mask
     pad: float | bool | None = None
+    from_output: str | None = None  # recipe key `from`: "MODEL.OUTPUT" of an earlier model
+    batches: int | None = attrs.field(default=None, validator=_positive)  # kept on the device
 
     def __attrs_post_init__(self) -> None:
         if not self.batched and self.batch_axis != 0:
             raise ValueError(
                 f"batch_axis {self.batch_axis} given for an input with batched: false "
                 "(an unbatched input has no batch axis)"
+            )
+        if self.from_output is None:
+            if self.batches is not None:
+                raise ValueError("batches is the number kept for `from:`, given without it")
+        elif not self.batched or self.batch_axis != 0:
+            raise ValueError(
+                f"from {self.from_output!r}: an input taking another model's output has its "
+                "rows on axis 0 (no batch_axis, not batched: false)"
             )
 
 
@@ -325,6 +342,9 @@ class ModelConfig(_Schema):
     # wait_all, close): batches of consecutive rows, the same for the same inputs
     batching: str = attrs.field(default="window", validator=_one_of("window", "wait", "fill"))
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
+    # not a key: filled in by Recipe.from_dict from the later models' `from:` inputs, this
+    # model's outputs they take, each with the batches of it kept on the device for them
+    handed: Mapping[str, int] = attrs.field(factory=dict)
 
     @property
     def batch_rows(self) -> int:
@@ -413,6 +433,7 @@ class Recipe(_Schema):
         names = [m.name for m in raw["models"]]
         if len(set(names)) != len(names):
             raise ConfigError(f"{source}: model names must be unique, got {names}")
+        raw["models"] = _resolve_handovers(raw["models"], source)
         for i, p in enumerate(raw.get("providers") or ()):
             if not isinstance(p, str | dict):
                 raise ConfigError(f"{source}: key 'providers[{i}]' must be str or mapping")
@@ -443,6 +464,48 @@ def _resolve_streams(model: ModelConfig, backend: object, source: Path, index: i
             f"{backend!r} runs one batch per worker at a time (streams > 1 needs backend acl)"
         )
     return model
+
+
+DEFAULT_HANDOVER_BATCHES = 16  # a producer's batches of a handed output kept on the device
+
+
+def split_from(text: str, models: Iterable[str]) -> tuple[str, str] | None:
+    """`MODEL.OUTPUT` of a `from:` key as (model, output), the model one of `models` (the
+    longest that matches: output names may hold dots too); None if none does."""
+    found = [m for m in models if text.startswith(m + ".") and len(text) > len(m) + 1]
+    if not found:
+        return None
+    model = max(found, key=len)
+    return model, text[len(model) + 1 :]
+
+
+def _resolve_handovers(models: list[ModelConfig], source: Path) -> list[ModelConfig]:
+    """Check every input's `from:` (an earlier model's output, both models batching) and
+    fill in each producer's `handed` outputs."""
+    handed: dict[str, dict[str, int]] = {}
+    for i, model in enumerate(models):
+        for name, config in model.inputs.items():
+            if config.from_output is None:
+                continue
+            where = f"{source}: key 'models[{i}].inputs.{name}.from'"
+            earlier = [m.name for m in models[:i]]
+            found = split_from(config.from_output, earlier)
+            if found is None:
+                raise ConfigError(
+                    f"{where}: {config.from_output!r} must be MODEL.OUTPUT naming an earlier "
+                    f"model's output (models before {model.name!r}: {earlier or 'none'})"
+                )
+            producer, output = found
+            for m in (model, models[earlier.index(producer)]):
+                if m.max_batch_size <= 0:
+                    raise ConfigError(
+                        f"{where}: model {m.name!r} does not batch (max_batch_size: 0); a "
+                        "hand-over is of rows of batches"
+                    )
+            batches = config.batches or DEFAULT_HANDOVER_BATCHES
+            outputs = handed.setdefault(producer, {})
+            outputs[output] = max(outputs.get(output, 0), batches)
+    return [attrs.evolve(m, handed=handed[m.name]) if m.name in handed else m for m in models]
 
 
 PKG = "pkg://"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from inferchain.errors import InvalidInput
+from inferchain.handover import DeviceTensor
 from inferchain.layout import Layout
 from inferchain.tensors import Dim, TensorDesc
 
@@ -33,7 +34,9 @@ class InputSpec:
     or the `batch_axis` the recipe gives), and an unbatched input's one value as the model
     declares it; for a model with `max_batch_size: 0` it is the whole input as the model
     declares it. Arrays of another dtype are cast only when numpy calls the cast safe (e.g.
-    uint8 -> float32).
+    uint8 -> float32). An input in `handed` (its recipe `from:`, on a backend that keeps it
+    on the device) also takes a `DeviceTensor` of exactly its item shape and dtype; rows of
+    them travel as an object array of the tensors, one per row.
     """
 
     def __init__(
@@ -43,8 +46,10 @@ class InputSpec:
         batching: bool,
         reject_nonfinite: bool = False,
         layout: Layout | None = None,
+        handed: Collection[int] = (),
     ) -> None:
         self.model = model
+        self.handed = frozenset(handed)  # inputs (indices) that take DeviceTensors
         self.reject_nonfinite = reject_nonfinite  # NaN / inf in a float input -> InvalidInput
         self.names = tuple(t.name for t in inputs)
         self.dtypes = tuple(t.dtype for t in inputs)
@@ -135,6 +140,12 @@ class InputSpec:
             return block
         name, dtype, shape = self.names[i], self.dtypes[i], self.shapes[i]
         where = f"model {self.model!r} input {name!r}"
+        if block.dtype == object and block.ndim == 1 and i in self.handed:
+            for value in block:  # rows of DeviceTensors (a producer's `map_batches` column)
+                if not isinstance(value, DeviceTensor):
+                    raise InvalidInput(f"{where}: rows of DeviceTensors, got {_given(value)}")
+                self._on_device(i, value, where)
+            return block
         if block.ndim != len(shape) + 1 or any(
             d is not None and d != a for d, a in zip(shape, block.shape[1:], strict=True)
         ):
@@ -205,6 +216,8 @@ class InputSpec:
             return value
         name, dtype, shape = self.names[i], self.dtypes[i], self.shapes[i]
         where = f"model {self.model!r} input {name!r}"
+        if isinstance(value, DeviceTensor):
+            return self._on_device(i, value, where)
         if isinstance(value, np.ndarray):
             array = _safe_cast(value, dtype, where)
         else:
@@ -216,6 +229,41 @@ class InputSpec:
                 f"{where}: expected shape {_fmt(shape)}{self._hints[i]}, got {_fmt(array.shape)}"
             )
         return array
+
+    def _on_device(self, i: int, value: DeviceTensor, where: str) -> np.ndarray:
+        """A DeviceTensor for input `i`, checked, as a 0-d object array holding it."""
+        name, dtype, shape = self.names[i], self.dtypes[i], self.shapes[i]
+        got = f"a DeviceTensor of {value.source} ({value.dtype.name}{_fmt(value.shape)})"
+        if i not in self.handed:
+            raise InvalidInput(
+                f"{where} takes host arrays here, got {got}: pass np.asarray(tensor), or "
+                f"declare `inputs: {{{name}: {{from: {value.source}}}}}` in the recipe of an "
+                "acl backend"
+            )
+        if value.dtype != dtype or value.shape != tuple(shape):
+            raise InvalidInput(f"{where}: expected {dtype.name}{_fmt(shape)}, got {got}")
+        if not value.alive:
+            raise InvalidInput(
+                f"{where}: {got} is no longer on the device (its model's session was closed "
+                "or re-loaded)"
+            )
+        column = np.empty((), object)
+        column[()] = value
+        return column
+
+    def item_shapes(self, rows: Item) -> tuple[tuple[tuple[int, ...], ...], bool]:
+        """The item shape of each input of stacked `rows` (a batching model's), and whether
+        any input is a column of DeviceTensors (its item shape is then the tensors')."""
+        if not self.handed:
+            return tuple(a.shape[1:] for a in rows), False
+        shapes, on_device = [], False
+        for i, a in enumerate(rows):
+            if a.dtype == object and i in self.handed:
+                shapes.append(tuple(int(d) for d in self.shapes[i] if d is not None))
+                on_device = True
+            else:
+                shapes.append(a.shape[1:])
+        return tuple(shapes), on_device
 
     @staticmethod
     def _convert(value: Any, dtype: np.dtype[Any], shape: Sequence[Dim], where: str) -> np.ndarray:

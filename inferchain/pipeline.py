@@ -11,6 +11,13 @@ once and their requests batch together, while the code reads top to bottom::
 
 `PipelineDriver` (`inferchain.driver`) advances the generators as requests finish, their host
 steps on a pool of threads beside the engine (`host_workers`), results in input order.
+
+An output the next model takes unchanged is passed on as it came back; where the next
+model's input is declared `from: MODEL.OUTPUT` in the recipe, that output is an
+`inferchain.DeviceTensor` on acl and never goes to the host (an array elsewhere)::
+
+    out = yield self.submit("embed", x)
+    result = yield self.submit("head", {"x": out["y"]})
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from inferchain import handover
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
 from inferchain.core.state_pool import StatePool
@@ -60,6 +61,7 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
         for w in all_workers(workers.values()):
             w.start()
         models = {m.name: _describe(m, workers[m.name]) for m in recipe.models}
+        handover.check(recipe, models)
         for model in models.values():
             model.pool = state_pool(model, recipe)
             for w in model.workers:
@@ -124,6 +126,7 @@ def _describe(model: ModelConfig, workers: list[ModelWorker]) -> LoadedModel:
             batching=model.max_batch_size > 0,
             reject_nonfinite=model.nonfinite == "reject",
             layout=shapes.layout,
+            handed=session.handed_inputs,
         ),
         shapes=shapes,
         info=info,

@@ -210,16 +210,19 @@ class ShapePolicy:
     def keys_of_rows(
         self, inputs: Sequence[np.ndarray], spec: InputSpec
     ) -> tuple[ShapeKey, ShapeKey, Hashable]:
-        """For rows stacked as one array per input (`spec`'s model): their item shapes, their
-        shape key and what they must share to run in one batch (`keys`). A model without
+        """For rows stacked as one array per input (`spec`'s model): their item shapes (of
+        a column of DeviceTensors: the tensors'), their shape key and what they must share
+        to run in one batch (`keys`). A model without
         batching (`max_batch_size: 0`) takes its inputs whole: each is its own key."""
         if not spec.batching:
             exact = tuple(a.shape for a in inputs)
             return exact, exact, exact
-        exact = tuple(a.shape[1:] for a in inputs)
+        exact, on_device = spec.item_shapes(tuple(inputs))
         unbatched = spec.unbatched
         values = rows_unbatched_values(tuple(inputs), unbatched) if unbatched else None
         key, joins = self.keys(exact, values)
+        if on_device:  # an input is a column of DeviceTensors: such rows batch only together
+            joins = ("device", joins)
         return exact, key, joins
 
     def group_of(self, key: ShapeKey) -> Hashable:

@@ -15,6 +15,7 @@ PUBLIC = {
     "Closed",
     "ConfigError",
     "DependencyFailed",
+    "DeviceTensor",
     "ImagePipeline",
     "InferchainError",
     "InvalidInput",

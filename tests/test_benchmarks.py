@@ -21,6 +21,7 @@ QUICK = [
     "bench_padding",
     "bench_acl_streams",
     "bench_acl_pipeline",
+    "bench_handover",
     "bench_shards",
     "bench_vad",
     "bench_romanize",

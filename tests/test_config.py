@@ -65,7 +65,8 @@ def test_orientation_recipe_loads_with_pkg_path() -> None:
         ),
         (
             "name: x\nmodels: [{name: m, path: m.onnx, inputs: {state: {axis: 1}}}]",
-            "unknown key 'models[0].inputs.state.axis' (known: batch_axis, batched, pad)",
+            "unknown key 'models[0].inputs.state.axis' (known: batch_axis, batched, batches, "
+            "from, pad)",
         ),
         (
             "name: x\nmodels: [{name: m, path: m.onnx, outputs: {stateN: {batched: false}}}]",
@@ -73,7 +74,8 @@ def test_orientation_recipe_loads_with_pkg_path() -> None:
         ),
         (
             "name: x\nmodels: [{name: m, path: m.onnx, inputs: [state]}]",
-            "'models[0].inputs' must be a mapping of input names to {batch_axis, batched, pad}",
+            "'models[0].inputs' must be a mapping of input names to {batch_axis, batched, "
+            "batches, from, pad}",
         ),
         (
             "name: x\nmodels: [{name: m, path: m.onnx, inputs: {sr: true}}]",

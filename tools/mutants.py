@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "backends.md"
 TESTS = [  # the fast ones first: -x stops at the first failure
     "tests/test_acl_constants.py",
+    "tests/test_acl_handover.py",
     "tests/test_acl_reports.py",
     "tests/test_backend_acl.py",
     "tests/test_acl_chain.py",
@@ -38,6 +39,7 @@ BUFFERS = "inferchain/backends/acl_buffers.py"
 STATE = "inferchain/backends/acl_state.py"
 GEARS = "inferchain/backends/acl_gears.py"
 CONSTANTS = "inferchain/backends/acl_constants.py"
+HANDOVER = "inferchain/backends/acl_handover.py"
 REPORT = "inferchain/testing/fake_acl/_report.py"  # the fake itself: its new surface
 MDL = "inferchain/testing/fake_acl/_mdl.py"
 TIMEOUT_S = 600
@@ -88,6 +90,9 @@ MUTATIONS = [
         "        if self._constants is not None:\n"
         "            self._constants.release(acl, attempt)\n"
         "            self._constants = None\n"
+        "        for pool in self._pools.values():  # the blocks no consumer is reading\n"
+        "            pool.close(attempt)\n"
+        "        self._pools = {}\n"
         "        for buffer_set in self._sets:\n"
         "            if buffer_set.stream:\n"
         '                attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")\n'
@@ -103,7 +108,10 @@ MUTATIONS = [
         "            self._state = None\n"
         "        if self._constants is not None:\n"
         "            self._constants.release(acl, attempt)\n"
-        "            self._constants = None\n",
+        "            self._constants = None\n"
+        "        for pool in self._pools.values():  # the blocks no consumer is reading\n"
+        "            pool.close(attempt)\n"
+        "        self._pools = {}\n",
     ),
     Mutation(
         "missing-sync-before-reading-outputs",
@@ -249,6 +257,38 @@ MUTATIONS = [
         ACL,
         "                self._reports.wait(buffer_set.index)\n",
         "                pass\n",
+    ),
+    Mutation(
+        "handover-block-not-pinned",
+        HANDOVER,
+        "        if not lease.pin():\n",
+        "        if False:\n",
+    ),
+    Mutation(
+        "handover-given-back-before-the-copy",
+        HANDOVER,
+        "        pinned.append(lease)\n",
+        "        pinned.append(lease)\n        lease.release()\n",
+    ),
+    Mutation(
+        "handover-unpinned-before-the-sync",
+        ACL,
+        "            if self._reports is not None:\n                self._reports.wait(",
+        "            unpin(buffer_set.pinned, self._model.name)\n"
+        "            buffer_set.pinned = []\n"
+        "            if self._reports is not None:\n                self._reports.wait(",
+    ),
+    Mutation(
+        "handover-rows-from-the-first-row",
+        HANDOVER,
+        "        src = leases[start].ptr + column[start].row * size\n",
+        "        src = leases[start].ptr\n",
+    ),
+    Mutation(
+        "handover-blocks-kept-at-close",
+        HANDOVER,
+        "                if block.pins == 0 and block.ptr:\n",
+        "                if False:\n",
     ),
     Mutation(
         "fake-callback-before-its-stream-work",

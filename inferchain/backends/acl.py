@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -34,11 +34,14 @@ from inferchain.backends.acl_buffers import BufferSet, Launched, Slot, make_sets
 from inferchain.backends.acl_constants import DeviceConstants
 from inferchain.backends.acl_constants import plan as plan_constants
 from inferchain.backends.acl_gears import DimsGear, batch_gear, pick_dims, split_dims, with_rows
+from inferchain.backends.acl_handover import HandoverPool, Lease, gather, scatter, unpin
+from inferchain.backends.acl_handover import plan as plan_handover
 from inferchain.backends.acl_reports import Reports
 from inferchain.backends.acl_state import Carried, DeviceState, plan
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
 from inferchain.errors import BackendError, LoadError
+from inferchain.handover import DeviceTensor
 from inferchain.layout import Axis, Layout
 from inferchain.logs import get_logger
 from inferchain.tensors import StateRows, TensorDesc
@@ -148,6 +151,9 @@ class AclSession(Session):
         self._state: DeviceState | None = None  # sequence state slots (open_state)
         self._constants: DeviceConstants | None = None  # constant inputs' slots (open_state)
         self._reports: Reports | None = None  # the report thread (completion: callback)
+        self._pools: dict[int, HandoverPool] = {}  # per handed output (recipe `from:`)
+        # hand-overs of batches whose stream did not synchronize: kept until close
+        self._stranded: list[tuple[dict[int, Lease], list[Lease]]] = []
         # what launch() needs
         self._data_index: list[int] = []  # input positions without ascend_mbatch_shape_data
         self._mbatch_index: int | None = None
@@ -222,6 +228,7 @@ class AclSession(Session):
         )
         for buffer_set in self._sets:
             buffer_set.allocate(acl, self._model.name)
+        self._open_handovers()
         if self._model.completion == "callback":
             self._reports = Reports(acl, self._model.name, [s.stream for s in self._sets])
             self._reports.start()
@@ -249,6 +256,8 @@ class AclSession(Session):
         self._data_index = [i for i, n in enumerate(names) if n != DYNAMIC_INPUT_NAME]
         data_slots = [self._in_slots[i] for i in self._data_index]
         self.inputs = tuple(TensorDesc(s.name, s.dims, s.dtype) for s in data_slots)
+        taking = {n for n, c in self._model.inputs.items() if c.from_output is not None}
+        self.handed_inputs = frozenset(k for k, s in enumerate(data_slots) if s.name in taking)
         self.outputs = tuple(TensorDesc(s.name, s.dims, s.dtype) for s in self._out_slots)
         layout = Layout.of(self._model, self.inputs, self.outputs)
         self._in_axes, self._out_axes = layout.inputs, layout.outputs
@@ -264,6 +273,28 @@ class AclSession(Session):
                 recipe=self._model.max_batch_size,
                 model_batch=self._batch,
             )
+
+    def _open_handovers(self) -> None:
+        """A pool of device blocks for each output a later model takes (recipe `from:`),
+        where its rows allow it (`acl_handover.plan`); else it goes to the host, logged."""
+        names = [s.name for s in self._out_slots]
+        for output, batches in self._model.handed.items():
+            if output not in names:  # `inferchain.handover.check` names it
+                continue
+            i = names.index(output)
+            slot = self._out_slots[i]
+            size, why = plan_handover(slot, self._batch, self._out_axes[i])
+            if not self._batching or not size:
+                why = why or "the model does not batch"
+                log.info("acl_handover_on_host", model=self._model.name, output=output, why=why)
+                continue
+            source = f"{self._model.name}.{output}"
+            pool = HandoverPool(
+                self._acl, self._device, source, slot, self._batch, size, batches,
+                self._make_current,
+            )  # fmt: skip
+            self._pools[i] = pool
+            pool.allocate(self._model.name)
 
     def _read_gears(self, data_slots: Sequence[Slot]) -> None:
         mdl = self._acl.mdl
@@ -335,8 +366,9 @@ class AclSession(Session):
     # -- run ------------------------------------------------------------------------------
 
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        """One batch on stream 0, start to finish: `launch(..., 0)` then `collect(0)`."""
-        self.launch(inputs, batch_size, 0)
+        """One batch on stream 0, start to finish: `launch(..., 0)` then `collect(0)`,
+        with every output on the host (warm-ups and probes: no hand-over)."""
+        self._start(inputs, batch_size, 0, None, hand=False)
         return self.collect(0)
 
     def open_state(
@@ -408,7 +440,22 @@ class AclSession(Session):
         With `state`, the carried inputs are gathered from the device slots (a first
         step's from its host row) after that wait, the carried outputs are scattered
         back to the slots before the next execution may start, and they are not copied
-        to the host."""
+        to the host.
+
+        An input in `handed_inputs` may be rows of DeviceTensors (an object array): it is
+        filled by device-to-device copies from their blocks. An output a later model takes
+        (`from:`) is copied into a free block of its pool instead of to the host, and
+        `collect` returns it as DeviceTensors."""
+        self._start(inputs, batch_size, stream, state, hand=True)
+
+    def _start(
+        self,
+        inputs: Sequence[np.ndarray],
+        batch_size: int,
+        stream: int,
+        state: StateRows | None,
+        hand: bool,
+    ) -> None:
         with self._lock:
             buffer_set = self._usable_set(stream, "launch")
             if state is not None:
@@ -430,12 +477,26 @@ class AclSession(Session):
                 )
             self._call(self._make_current(), "rt.set_context")
             data = [buffer_set.in_slots[i] for i in self._data_index]
-            arrays = [_contiguous(a, s.dtype) for a, s in zip(inputs, data, strict=True)]
+            columns = {
+                k: inputs[k] for k in self.handed_inputs if np.asarray(inputs[k]).dtype == object
+            }
+            arrays = [
+                _stand_in(columns[k], s) if k in columns else _contiguous(a, s.dtype)
+                for k, (a, s) in enumerate(zip(inputs, data, strict=True))
+            ]
             run = self._select_gear(buffer_set, arrays, rows)
             shapes = self._output_shapes(rows, run)
             self.last_stages = None
+            if buffer_set.leases or buffer_set.pinned:  # no sync settled them: until close
+                self._stranded.append((buffer_set.leases, buffer_set.pinned))
+                buffer_set.leases, buffer_set.pinned = {}, []
+            if hand:
+                for i, pool in self._pools.items():
+                    lease = pool.lease()
+                    if lease is not None:
+                        buffer_set.leases[i] = lease
             try:
-                self._enqueue(buffer_set, arrays, rows, run, shapes, state)
+                self._enqueue(buffer_set, arrays, rows, run, shapes, state, columns)
             except BaseException:
                 self._drain(buffer_set)
                 raise
@@ -456,11 +517,17 @@ class AclSession(Session):
                 ret = self._acl.rt.synchronize_stream(buffer_set.stream)
                 self._call(ret, f"rt.synchronize_stream (stream {stream})")
             self.last_stages = self._stages(buffer_set)
+            unpin(buffer_set.pinned, self._model.name)  # the reads of the batch are done
+            buffer_set.pinned = []
+            leases, buffer_set.leases = buffer_set.leases, {}
             results = []
             for i, (slot, shape, count) in enumerate(
                 zip(buffer_set.out_slots, launched.shapes, launched.counts, strict=True)
             ):
                 if i in launched.on_device:
+                    continue
+                if i in leases:  # kept on the device: one DeviceTensor a row
+                    results.append(self._pools[i].tensors(leases[i], launched.rows))
                     continue
                 assert slot.host is not None  # made at load
                 out = slot.host[:count].view(slot.dtype).reshape(shape)
@@ -507,6 +574,7 @@ class AclSession(Session):
         run: int,
         shapes: list[tuple[int, ...]],
         state: StateRows | None = None,
+        columns: Mapping[int, np.ndarray] | None = None,
     ) -> None:
         """The order of the official samples, on the set's own stream, nothing allocated.
         With `state`, the device slots are read and written only between the wait for the
@@ -522,6 +590,12 @@ class AclSession(Session):
         data = [buffer_set.in_slots[i] for i in self._data_index]
         for k, (array, slot) in enumerate(zip(arrays, data, strict=True)):
             axis = self._in_axes[k] if self._batching else 0
+            if columns and k in columns:  # rows of DeviceTensors: copied on the device
+                gather(
+                    self._acl, self._call, columns[k], slot, stream, self._device,
+                    self._model.name, buffer_set.pinned,
+                )  # fmt: skip
+                continue
             if k in carried or k in held:  # gathered below; the host rows count only for a
                 assert state is not None  # first step
                 if state.fresh.any():
@@ -567,6 +641,11 @@ class AclSession(Session):
             if i in on_device:  # stays in the device slots
                 counts.append(0)
                 continue
+            lease = buffer_set.leases.get(i)
+            if lease is not None:  # a later model takes it: into its block, not the host
+                scatter(rt, self._call, lease, slot, count, stream)
+                counts.append(0)
+                continue
             ret = rt.memcpy_async(
                 slot.host_ptr, slot.size, slot.ptr, count, ACL_MEMCPY_DEVICE_TO_HOST, stream
             )
@@ -610,8 +689,18 @@ class AclSession(Session):
         ret = self._acl.rt.synchronize_stream(buffer_set.stream)
         if ret != ACL_SUCCESS:  # its work may still run: the next launch still waits for it
             log.warning("acl_drain_failed", model=self._model.name, code=ret)
-        elif self._last_executed is buffer_set:
+            return
+        self._settle(buffer_set)
+        if self._last_executed is buffer_set:
             self._last_executed = None
+
+    def _settle(self, buffer_set: BufferSet) -> None:
+        """After a sync of the set's stream without a collect: its reads of other models'
+        blocks are done, its leased blocks hold nothing anyone has."""
+        unpin(buffer_set.pinned, self._model.name)
+        for lease in buffer_set.leases.values():
+            lease.release()
+        buffer_set.leases, buffer_set.pinned = {}, []
 
     def _stages(self, buffer_set: BufferSet) -> dict[str, float] | None:
         """Device seconds of the collected batch per stage, from its events; None where the
@@ -753,6 +842,11 @@ class AclSession(Session):
         for buffer_set in self._sets:
             if buffer_set.stream:
                 attempt(rt.synchronize_stream(buffer_set.stream), "rt.synchronize_stream")
+        for buffer_set in self._sets:  # every stream is done with other models' blocks
+            self._settle(buffer_set)
+        for _, pinned in self._stranded:
+            unpin(pinned, self._model.name)
+        self._stranded = []
         if self._reports is not None:  # its streams unsubscribed before they go
             self._reports.stop(attempt)
             self._reports = None
@@ -770,6 +864,9 @@ class AclSession(Session):
         if self._constants is not None:
             self._constants.release(acl, attempt)
             self._constants = None
+        for pool in self._pools.values():  # the blocks no consumer is reading
+            pool.close(attempt)
+        self._pools = {}
         for buffer_set in self._sets:
             if buffer_set.stream:
                 attempt(rt.destroy_stream(buffer_set.stream), "rt.destroy_stream")
@@ -792,6 +889,14 @@ def _contiguous(array: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     `np.ascontiguousarray`)."""
     array = np.asarray(array, dtype=dtype)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def _stand_in(column: np.ndarray, slot: Slot) -> np.ndarray:
+    """For the gear of a batch: an array of the shape and dtype that a column of
+    DeviceTensors stands for (zero strides, no memory)."""
+    first = column[0] if len(column) else None
+    item = first.shape if isinstance(first, DeviceTensor) else tuple(slot.dims[1:])
+    return np.broadcast_to(np.zeros((), slot.dtype), (len(column), *item))
 
 
 def _leading_dim(array: np.ndarray) -> int:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
 from inferchain.backends.acl_api import ACL_MEM_MALLOC_HUGE_FIRST, check, null_error
 from inferchain.errors import BackendError
+
+if TYPE_CHECKING:
+    from inferchain.backends.acl_handover import Lease
 
 EVENTS = ("start", "copied", "computed", "done")  # recorded in this order per batch
 Attempt = Callable[[int, str], None]  # records a failed release step, goes on
@@ -63,6 +66,10 @@ class BufferSet:
     events: dict[str, int] = attrs.Factory(dict)
     gear: object = None  # the gear last set in this set's input dataset
     launched: Launched | None = None
+    # hand-overs (`acl_handover`) of the batch on this set, settled once its stream is
+    # synchronized: per handed output, the block its rows went to; the blocks it read
+    leases: dict[int, Lease] = attrs.Factory(dict)
+    pinned: list[Lease] = attrs.Factory(list)
 
     def allocate(self, acl: Any, model: str) -> None:
         """Make the stream, events, datasets, device buffers and host staging."""

@@ -32,6 +32,10 @@ class Session(Closing, abc.ABC):
     metadata: Mapping[str, str] = {}  # the model file's custom metadata, where it has any
     last_stages: Mapping[str, float] | None = None  # seconds per stage of the last run
     # (e.g. {"h2d": ..., "compute": ..., "d2h": ...}) where the backend can tell
+    # inputs (indices) that `launch` also takes as rows of `inferchain.DeviceTensor`s (an
+    # object array, one per row: the recipe's `from:` on a backend that keeps them on the
+    # device); empty where outputs are handed over as plain arrays
+    handed_inputs: frozenset[int] = frozenset()
 
     @abc.abstractmethod
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:

@@ -8,7 +8,9 @@ input, and rows smaller than the shape key are padded in the same step.
 Works keep every input's rows on axis 0. An input whose model keeps them on another axis
 (`batch_axis`) has a flat buffer instead, viewed per batch in the model's layout with just
 the batch's rows, so it is contiguous; the slices are copied straight into it through that
-view's rows (one copy, as for axis 0). An unbatched input is fed its one value.
+view's rows (one copy, as for axis 0). An unbatched input is fed its one value. An input
+whose rows are DeviceTensors (an earlier model's output kept on the device) is fed the
+tensors, an object array, for the session to copy on the device.
 """
 
 from __future__ import annotations
@@ -97,7 +99,10 @@ class HostBuffers:
         n = batch.rows
         views = [b[:n] for b in self.get(batch.stream, batch.shape_key)]
         for i, (view, shape) in enumerate(zip(views, batch.shape_key, strict=True)):
-            self._fill(view, slices, i, shape)
+            if slices[0].work.inputs[i].dtype == object:
+                views[i] = _handles(slices, i)
+            else:
+                self._fill(view, slices, i, shape)
         return views
 
     def _feed_laid_out(self, batch: Batch) -> list[np.ndarray]:
@@ -115,6 +120,8 @@ class HostBuffers:
                 fed.append(first.work.inputs[i][first.start, ...])
             elif axis == 0 and exact:
                 fed.append(first.work.inputs[i][first.start : first.stop])
+            elif axis == 0 and first.work.inputs[i].dtype == object:
+                fed.append(_handles(slices, i))
             elif axis == 0:
                 rows = buffer[:n]
                 self._fill(rows, slices, i, shape)
@@ -155,3 +162,10 @@ class HostBuffers:
 
     def clear(self) -> None:
         self._sets.clear()
+
+
+def _handles(slices: Sequence[Slice], i: int) -> np.ndarray:
+    """Input `i` of the slices when its rows are DeviceTensors (an object array, one per
+    row, see `inferchain.handover`): the tensors themselves, in batch order, for the
+    session to copy on the device."""
+    return np.concatenate([s.work.inputs[i][s.start : s.stop] for s in slices])
