@@ -386,3 +386,21 @@ def test_steps_pinned_to_a_dead_instance_fail_naming_it() -> None:
     (error,) = [v for _, _, v in work.pieces]
     assert isinstance(error, BackendError) and "instance 1" in str(error)
     assert h.dispatched() == []
+
+
+def test_a_done_listener_that_raises_harms_neither_the_others_nor_the_engine() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3))
+    work = h.work(2)
+    requests = work.requests
+    assert requests is not None
+    seen: list[int] = []
+
+    def boom(r: Request) -> None:
+        raise RuntimeError("a listener's bug")
+
+    requests[0].add_done_listener(boom)
+    requests[1].add_done_listener(lambda r: seen.append(r.id))
+    h.step(T0)
+    h.finish(h.dispatched()[0])
+    h.step(T0)
+    assert seen == [2] and all(r.state is S.DONE for r in requests)
