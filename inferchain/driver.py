@@ -30,6 +30,7 @@ import attrs
 from inferchain.anchors import current_run, new_driver
 from inferchain.core.request import Request
 from inferchain.errors import ConfigError, RequestTimeout
+from inferchain.in_flight import Window
 from inferchain.logs import get_logger
 from inferchain.utilisation import HostStep
 
@@ -132,7 +133,8 @@ class PipelineDriver:
         self._timeout = item_timeout
         self._deadlines: deque[tuple[float, _Task]] = deque()  # in start order = by deadline
         self._pipeline = pipeline
-        self._limit = max_in_flight
+        # items started and not yet yielded (running, or ended and waiting for their turn)
+        self._window = Window(max_in_flight)
         self._on_error = on_error
         anchor = pipeline.anchor
         if anchor is not None and max_in_flight < anchor:
@@ -165,11 +167,12 @@ class PipelineDriver:
             while True:
                 while next_out in self._results:
                     ok, value = self._results.pop(next_out)
+                    self._window.leave()
                     next_out += 1
                     if not ok and self._on_error == "raise":
                         raise value
                     yield value
-                while not exhausted and len(self._active) + len(self._results) < self._limit:
+                while not exhausted and self._window.fits():
                     nxt = next(source, None)
                     if nxt is None:
                         exhausted = True
@@ -181,8 +184,7 @@ class PipelineDriver:
                 if exhausted and not self._active and not self._results:
                     return
                 if self._events.empty() and self._on_host == 0:
-                    full = len(self._active) + len(self._results) >= self._limit
-                    self._on_idle(exhausted, full)
+                    self._on_idle(exhausted, self._window.full())
                 event = self._next_event()
                 if event is not None:
                     self._take(event)
@@ -194,6 +196,7 @@ class PipelineDriver:
     def _start(self, index: int, item: Any) -> None:
         task = _Task(index)
         self._active[index] = task
+        self._window.enter()
         self._activity.enter()
         if self._timeout is not None:
             self._deadlines.append((time.monotonic() + self._timeout, task))
