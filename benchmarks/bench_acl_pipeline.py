@@ -73,7 +73,9 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     n, rounds = (64, 1) if args.quick else (args.pages, args.rounds)
     images = pages(n)
-    acl = ic.load_recipe(RECIPE, backend="acl")
+    # one instance: one device whose executions follow each other (its session's two streams
+    # overlap the copies); the recipe's second instance is for CPUs
+    acl = ic.load_recipe(RECIPE, backend="acl", models={"orientation": {"instances": 1}})
     host_s, compute_s, scale = calibrate(images, acl)
     with ic.OfflineInference(ic.load_recipe(RECIPE)) as oi:
         expected = [r["angle"] for r in oi.run(images)]

@@ -77,7 +77,11 @@ def dataset(files: list[Path]) -> Any:
 
 
 def ray_inferchain(files: list[Path], actors: int) -> list[dict[str, Any]]:
-    threads = {"session_options": {"intra_op_num_threads": THREADS}}
+    # one session per actor, as the hand-written predictor has: the actors are the instances
+    threads = {
+        "session_options": {"intra_op_num_threads": THREADS},
+        "models": {"orientation": {"instances": 1}},
+    }
     ds = map_recipe(
         dataset(files),
         RECIPE,

@@ -249,7 +249,7 @@ class ModelMetrics:
             clock = self.busy.get(timing.worker)
             if clock is None:
                 clock = self.busy[timing.worker] = BusyClock()
-            clock.add(timing.picked, end, n)
+            clock.add(timing.picked, end, n, timing.device)
             self.elements += timing.elements
             self.padded += timing.padded
             if timing.steps and ok:

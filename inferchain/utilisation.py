@@ -3,8 +3,11 @@
 Over a run's active span (from the first thing put in flight to the last one ending), each
 worker's time is split three ways:
 
-- busy: a batch of it was running (the union of its batches' pick-up -> delivery spans, so a
-  worker with several streams counts overlapping batches once);
+- busy: a batch of it was running (the union of its batches' spans, so a worker with
+  several streams counts overlapping batches once). A batch's span is the device's own where
+  the backend times it (on acl: its stream's events, first copy in to last copy out, on the
+  host's clock: `inferchain.backends.acl_clock`), so busy is the device time the stream
+  timeline saw; elsewhere the worker's pick-up -> delivery;
 - starved: idle while something was in flight (items in a pipeline's host steps, works in the
   engine waiting for a batching window, a dependency, a free slot): the worker could have
   been fed;
@@ -98,23 +101,34 @@ def merged_span(*activities: Activity) -> tuple[float, float]:
 
 class BusyClock:
     """One worker's busy seconds: the union of its batches' spans, which end in the order
-    they started (a worker collects its streams in launch order)."""
+    they started (a worker collects its streams in launch order). A batch's span is when the
+    device ran it where the backend times its device (`BatchTiming.device`: the acl
+    backend's stream events), else the worker's pick-up -> delivery."""
 
-    __slots__ = ("batches", "busy_s", "last_end", "rows")
+    __slots__ = ("batches", "busy_s", "device_batches", "last_end", "rows")
 
     def __init__(self) -> None:
         self.busy_s = 0.0
         self.last_end = 0.0
         self.batches = 0
         self.rows = 0
+        self.device_batches = 0  # of `batches`, those timed on the device
 
-    def add(self, picked: float, end: float, rows: int) -> None:
-        start = max(picked, self.last_end)
+    def add(
+        self, picked: float, end: float, rows: int, device: Sequence[tuple[float, float]] = ()
+    ) -> None:
+        for start, stop in device or ((picked, end),):
+            self._union(start, stop)
+        self.batches += 1
+        self.rows += rows
+        if device:
+            self.device_batches += 1
+
+    def _union(self, start: float, end: float) -> None:
+        start = max(start, self.last_end)
         if end > start:
             self.busy_s += end - start
         self.last_end = max(self.last_end, end)
-        self.batches += 1
-        self.rows += rows
 
 
 @attrs.frozen
@@ -162,6 +176,7 @@ class WorkerUse:
     idle_s: float  # idle with nothing in flight
     batches: int
     mean_batch: float  # rows per batch
+    device: bool = False  # busy is the device's own timeline (acl), not the worker's times
 
     @property
     def busy(self) -> float:
@@ -237,7 +252,8 @@ def utilisation(
         starved = max(active - busy, 0.0)
         idle = max(span - busy - starved, 0.0)
         mean = clock.rows / clock.batches if clock.batches else 0.0
-        uses.append(WorkerUse(name, busy, starved, idle, clock.batches, mean))
+        timed = clock.device_batches > 0
+        uses.append(WorkerUse(name, busy, starved, idle, clock.batches, mean, timed))
     host_busy, steps, threads, _ = host.snapshot()
     shares = {m: (p / t if t else 0.0) for m, (p, t) in padding.items()}
     return Utilisation(span, active, tuple(uses), threads, host_busy, steps, shares)
@@ -254,7 +270,8 @@ def format_utilisation(u: Utilisation, models: Iterable[str] = ()) -> list[str]:
     lines = []
     for w in u.workers:
         lines.append(
-            f"{w.worker}: busy {w.busy:.0%}, starved {w.starved:.0%} "
+            f"{w.worker}: busy {w.busy:.0%}{' (device)' if w.device else ''}, "
+            f"starved {w.starved:.0%} "
             f"({w.batches} batches, mean {w.mean_batch:.1f} rows)"
         )
     if u.host_steps:

@@ -59,6 +59,7 @@ def test_nothing_leaks_and_teardown_is_in_order(mlp_path: Path, no_thread_leak: 
     assert calls[unload:] == [  # model -> desc -> sets -> streams -> ... -> finalize
         "mdl.unload",
         "mdl.destroy_desc",
+        "rt.destroy_event",  # the device clock's epoch
         *one_set * 2,
         *["rt.destroy_stream"] * 2,
         "rt.destroy_context",

@@ -36,6 +36,7 @@ TEARDOWN = [  # ACL.md "Order of life", with the default two streams
     *["rt.synchronize_stream"] * 2,
     "mdl.unload",
     "mdl.destroy_desc",
+    "rt.destroy_event",  # the device clock's epoch (inferchain.backends.acl_clock)
     *ONE_SET * 2,
     *["rt.destroy_stream"] * 2,
     "rt.destroy_context",

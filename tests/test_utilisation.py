@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -9,8 +10,12 @@ import pytest
 from conftest import recipe
 
 import inferchain as ic
+from inferchain.backends import acl_clock
+from inferchain.backends.acl import AclSession
+from inferchain.core.records import BatchTiming
 from inferchain.driver import PipelineDriver
 from inferchain.pipeline import Pipeline, Process
+from inferchain.testing.fake_acl import FakeAcl
 from inferchain.testing.onnx_models import write_image_model, write_mlp64
 from inferchain.tools.bench_report import utilisation_table
 from inferchain.tools.trace import chrome_trace
@@ -20,6 +25,7 @@ from inferchain.utilisation import (
     HostClock,
     HostStep,
     LockedActivity,
+    format_utilisation,
     merged_span,
     utilisation,
 )
@@ -131,3 +137,78 @@ def test_a_pipeline_run_reports_its_workers_host_steps_and_trace(mlp_path: Path)
     assert "m#0" in names and any(n.startswith("host inferchain-host") for n in names)
     host_slices = [e for e in trace["traceEvents"] if e.get("cat") == "host"]
     assert len(host_slices) == 40
+
+
+# -- on acl: the device time the stream timeline saw ---------------------------------------
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
+
+
+def _acl_busy(
+    mlp_path: Path, fake: FakeAcl, rows: int, streams: int
+) -> tuple[ic.Stats, list[BatchTiming], list[tuple[float, float]]]:
+    r = recipe(
+        {"name": "m", "path": str(mlp_path), "max_batch_size": 8, "streams": streams},
+        backend="acl",
+    )
+    xs = np.random.default_rng(1).standard_normal((rows, 64)).astype(np.float32)
+    with ic.OfflineInference(r, acl_module=fake) as oi:
+        mark = len(fake.slices)
+        assert len(list(oi.map("m", xs))) == rows
+        stats = oi.stats()
+        timeline = oi.metrics.timeline()
+        device = [(s.start, s.end) for s in fake.slices[mark:]]
+    return stats, timeline, device
+
+
+@pytest.mark.parametrize("anchor_s", [60.0, 0.0], ids=["one-epoch", "epoch-every-batch"])
+@pytest.mark.parametrize("streams", [1, 2])
+def test_on_acl_busy_is_the_device_time_of_fake_acls_time_model(
+    mlp_path: Path, monkeypatch: pytest.MonkeyPatch, anchor_s: float, streams: int
+) -> None:
+    """Compute stretched by FakeAcl's time model: the worker's busy seconds are the union of
+    the device's copy and compute slices (its events' spans hold them, and little more)."""
+    monkeypatch.setattr(acl_clock, "ANCHOR_S", anchor_s)
+    fake = FakeAcl(static_batch=8, compute_scale=300.0)
+    stats, timeline, device = _acl_busy(mlp_path, fake, 96, streams)
+    u = stats.utilisation
+    assert u is not None
+    (w,) = u.workers
+    assert w.device and w.batches == 12
+    seen = _union(device)
+    assert seen > 0.0
+    assert seen * 0.98 <= w.busy_s <= seen * 1.2 + 2e-3  # + the stream thread's own steps
+    trace = chrome_trace(timeline)["traceEvents"]
+    names = {e["args"]["name"] for e in trace if e["name"] == "thread_name"}
+    assert {f"m#0 device (stream {i})" for i in range(streams)} <= names
+    assert sum(e.get("cat") == "device" for e in trace) == 12  # a slice per model run
+
+
+def test_on_acl_a_slow_host_does_not_count_as_device_time(
+    mlp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker holds each batch 30 ms after its device work ended (a host that is late
+    to collect): the worker's own times would say busy, the device's say otherwise."""
+    collect = AclSession.collect
+
+    def late(self: AclSession, stream: int) -> list[np.ndarray]:
+        time.sleep(0.03)  # a duration, not an ordering: the batch was launched before
+        return collect(self, stream)
+
+    monkeypatch.setattr(AclSession, "collect", late)
+    stats, timeline, device = _acl_busy(mlp_path, FakeAcl(static_batch=8), 48, 1)
+    u = stats.utilisation
+    assert u is not None
+    (w,) = u.workers
+    held = [(b.picked, b.end) for b in timeline]
+    assert _union(held) >= 6 * 0.03  # six batches, each held 30 ms by the worker
+    assert w.device and w.busy_s <= _union(device) * 1.2 + 2e-3
+    assert w.busy_s < 0.25 * _union(held)
+    assert w.busy < 0.5 and "(device)" in format_utilisation(u)[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from inferchain.backends.acl_api import (
     null_error,
 )
 from inferchain.backends.acl_buffers import BufferSet, Launched, Slot, make_sets, set_bytes
+from inferchain.backends.acl_clock import DeviceClock
 from inferchain.backends.acl_constants import DeviceConstants
 from inferchain.backends.acl_constants import plan as plan_constants
 from inferchain.backends.acl_gears import DimsGear, batch_gear, pick_dims, split_dims, with_rows
@@ -154,6 +156,8 @@ class AclSession(Session):
         self._pools: dict[int, HandoverPool] = {}  # per handed output (recipe `from:`)
         # hand-overs of batches whose stream did not synchronize: kept until close
         self._stranded: list[tuple[dict[int, Lease], list[Lease]]] = []
+        self._clock: DeviceClock | None = None  # device time on the host's clock
+        self._spans: deque[tuple[float, float]] = deque(maxlen=1024)  # not yet taken
         # what launch() needs
         self._data_index: list[int] = []  # input positions without ascend_mbatch_shape_data
         self._mbatch_index: int | None = None
@@ -229,6 +233,7 @@ class AclSession(Session):
         for buffer_set in self._sets:
             buffer_set.allocate(acl, self._model.name)
         self._open_handovers()
+        self._clock = DeviceClock.open(acl, self._model.name, self._sets[0].stream)
         if self._model.completion == "callback":
             self._reports = Reports(acl, self._model.name, [s.stream for s in self._sets])
             self._reports.start()
@@ -520,6 +525,7 @@ class AclSession(Session):
             unpin(buffer_set.pinned, self._model.name)  # the reads of the batch are done
             buffer_set.pinned = []
             leases, buffer_set.leases = buffer_set.leases, {}
+            self._time_device(buffer_set)
             results = []
             for i, (slot, shape, count) in enumerate(
                 zip(buffer_set.out_slots, launched.shapes, launched.counts, strict=True)
@@ -716,6 +722,34 @@ class AclSession(Session):
             stages[stage] = float(ms) / 1000.0
         return stages
 
+    def _time_device(self, buffer_set: BufferSet) -> None:
+        """Note when the collected batch's work ran on the device (its "start" to "done"
+        events, on the host's clock); record the clock's epoch again when it is due, on this
+        set's stream, idle now. A clock that fails is dropped (the host's times stand in)."""
+        clock = self._clock
+        if clock is None:
+            return
+        events = buffer_set.events
+        span = clock.span(events["start"], events["done"])
+        if span is not None:
+            self._spans.append(span)
+        if clock.due():
+            try:
+                clock.anchor(buffer_set.stream)
+            except BackendError as e:
+                log.warning("acl_device_clock_failed", model=self._model.name, error=str(e))
+                clock.release(lambda ret, what: None)
+                self._clock = None
+
+    def take_device_spans(self) -> tuple[tuple[float, float], ...]:
+        """The device spans (perf_counter seconds: first copy in -> last copy out) of the
+        batches collected since the last call, oldest first; () where events cannot be
+        timed."""
+        with self._lock:
+            spans = tuple(self._spans)
+            self._spans.clear()
+        return spans
+
     def _output_shapes(self, rows: int, run: int) -> list[tuple[int, ...]]:
         """Each output's shape for a batch of `rows` at the gear just set (running `run`
         rows): `rows` on axis 0, or the gear's whole output where the rows are on another
@@ -829,9 +863,9 @@ class AclSession(Session):
         log.info("acl_model_closed", model=self._model.name)
 
     def _release(self) -> list[BackendError]:
-        """Undo whatever `_load` made, in order: every stream synchronized, model, desc, each
-        set's buffers, datasets, host staging and events, the streams, context, device. Each
-        handle is forgotten once its release was attempted."""
+        """Undo whatever `_load` made, in order: every stream synchronized, model, desc, the
+        device clock's event, each set's buffers, datasets, host staging and events, the
+        streams, context, device. Each handle is forgotten once its release was attempted."""
         acl, rt, mdl = self._acl, self._acl.rt, self._acl.mdl
         errors: list[BackendError] = []
 
@@ -856,6 +890,9 @@ class AclSession(Session):
         if self._desc:
             attempt(mdl.destroy_desc(self._desc), "mdl.destroy_desc")
             self._desc = 0
+        if self._clock is not None:
+            self._clock.release(attempt)
+            self._clock = None
         for buffer_set in self._sets:
             buffer_set.release(acl, attempt)
         if self._state is not None:

@@ -54,6 +54,13 @@ class Session(Closing, abc.ABC):
         batch takes); by default `rows` (nothing padded)."""
         return rows
 
+    def take_device_spans(self) -> tuple[tuple[float, float], ...]:
+        """When the device ran the batches collected since the last call: (start, end) in
+        `time.perf_counter` seconds each, oldest first, from the device's own timeline (the
+        acl backend's stream events); () where the backend cannot tell, and the worker's own
+        times stand for the device's."""
+        return ()
+
     # -- streams: batches in flight at once ------------------------------------------------
     #
     # A session with `num_streams` K > 1 keeps K independent sets of device buffers, each

@@ -69,6 +69,9 @@ class BatchTiming:
     steps: int = 0  # sequence steps run: rows that are steps, times the steps of a multi-step batch
     elements: int = 0  # input elements the model ran (batched inputs, padding included)
     padded: int = 0  # of which padding: rows up to a fixed batch, dims up to the shape key
+    # when the device ran it (perf_counter seconds, one span per model run), where the
+    # backend times its device (`Session.take_device_spans`); () = the worker's times stand
+    device: tuple[tuple[float, float], ...] = ()
 
 
 @attrs.frozen(eq=False)

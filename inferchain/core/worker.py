@@ -298,6 +298,8 @@ class ModelWorker:
                         self.session.run(feed, self.model.batch_rows)
             if item.device_state and self.pool is not None:
                 self.state_on_device = self._open_state()
+            if self.session is not None:  # the warm-up's and probe's runs are no batch's
+                self.session.take_device_spans()
         except Exception as e:
             self._init_error = _startup_error(e)
         finally:
@@ -518,6 +520,7 @@ class ModelWorker:
             else 0,
             elements=elements,
             padded=padded,
+            device=self.session.take_device_spans() if self.session is not None else (),
         )
 
     # -- failures -------------------------------------------------------------------------

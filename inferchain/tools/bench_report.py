@@ -112,6 +112,9 @@ def utilisation_table(u: Utilisation, models: Sequence[str]) -> list[str]:
     ]  # fmt: skip
     headers = ["worker", "busy", "starved", "idle", "batches", "mean batch"]
     lines = [render(headers, rows)]
+    timed = [w.worker for w in u.workers if w.device]
+    if timed:
+        lines.append(f"busy of {', '.join(timed)}: device time from the stream timeline")
     if u.host_steps:
         threads = u.host_workers or "the caller's"
         lines.append(f"host steps: {u.host_steps} on {threads} thread(s), busy {u.host_busy:.0%}")

@@ -2,10 +2,11 @@
 
 `{"traceEvents": [...]}` with one track (tid) per worker, named by metadata events, and one
 complete ("ph": "X") slice per batch, from a worker taking the batch to its outputs being
-delivered; then one track per host thread of a pipeline with a slice per host step (an
-item's pre- or post-processing), so a worker's gaps can be read against the host work that
-fed it. Open it at ui.perfetto.dev or chrome://tracing. Times are microseconds from the
-first batch or host step (or `origin`).
+delivered; where the backend times its device (acl), one track per worker and stream with
+a slice per model run as the device's own timeline saw it; then one track per host thread
+of a pipeline with a slice per host step (an item's pre- or post-processing), so a worker's
+gaps can be read against the host work that fed it. Open it at ui.perfetto.dev or
+chrome://tracing. Times are microseconds from the first batch or host step (or `origin`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def chrome_trace(
     batches = sorted(timeline, key=lambda b: b.picked)
     steps = sorted(host, key=lambda h: h.start)
     names = sorted({*workers, *(b.worker for b in batches)}, key=worker_order)
+    devices = sorted({(b.worker, b.stream) for b in batches if b.device})
+    on_device = {key: f"{key[0]} device (stream {key[1]})" for key in devices}
+    names = [n for name in names for n in (name, *(on_device[k] for k in devices if k[0] == name))]
     threads = sorted({f"host {h.thread}" for h in steps})
     tids = {name: i + 1 for i, name in enumerate([*names, *threads])}
     if origin is None:
@@ -82,8 +86,28 @@ def chrome_trace(
         events.append(_metadata("thread_name", tid, name))
         events.append(_metadata("thread_sort_index", tid, tid, key="sort_index"))
     events.extend(_slice(b, tids[b.worker], origin) for b in batches)
+    for b in batches:
+        if b.device:
+            tid = tids[on_device[(b.worker, b.stream)]]
+            events.extend(_device_slice(b, span, tid, origin) for span in b.device)
     events.extend(_host_slice(h, tids[f"host {h.thread}"], origin) for h in steps)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _device_slice(
+    batch: BatchTiming, span: tuple[float, float], tid: int, origin: float
+) -> dict[str, Any]:
+    start = _us(span[0] - origin)
+    return {
+        "name": f"{batch.model} x{batch.size} on the device",
+        "cat": "device",
+        "ph": "X",
+        "pid": PID,
+        "tid": tid,
+        "ts": start,
+        "dur": max(_us(span[1] - origin) - start, 0.0),
+        "args": {"worker": batch.worker, "stream": batch.stream, "batch_size": batch.size},
+    }
 
 
 def _host_slice(step: HostStep, tid: int, origin: float) -> dict[str, Any]:
