@@ -230,11 +230,16 @@ class ModelMetrics:
         end = timing.end
         sent = batch.dispatched
         picked = max(timing.picked, sent)
-        slices = [
-            (s.rows, s.work.submitted, s.work.admitted or sent, sent, picked, end, ok)
-            for s in batch.slices
-        ]
-        first = min(s[1] for s in slices) if slices else end
+        if len(batch.slices) == 1:  # the common case, without a list
+            work = batch.slices[0].work
+            first = work.submitted
+            stamp = (n, first, work.admitted or sent, sent, picked, end, ok)
+        else:
+            slices = [
+                (s.rows, s.work.submitted, s.work.admitted or sent, sent, picked, end, ok)
+                for s in batch.slices
+            ]
+            first = min(s[1] for s in slices) if slices else end
         with self._lock:
             self.batch_sizes[n] += 1
             if ok:
@@ -244,14 +249,18 @@ class ModelMetrics:
             if self.first_submit is None or first < self.first_submit:
                 self.first_submit = first
             self.last_done = end
-            self._slices.extend(slices)
+            if len(batch.slices) == 1:
+                self._slices.append(stamp)
+            else:
+                self._slices.extend(slices)
             self.timeline.append(timing)
             clock = self.busy.get(timing.worker)
             if clock is None:
                 clock = self.busy[timing.worker] = BusyClock()
             clock.add(timing.picked, end, n, timing.device)
-            self.elements += timing.elements
-            self.padded += timing.padded
+            if timing.elements:
+                self.elements += timing.elements
+                self.padded += timing.padded
             if timing.steps and ok:
                 self.steps += timing.steps
                 steps = batch.slices[0].work.steps

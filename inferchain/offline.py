@@ -612,7 +612,8 @@ class OfflineInference:
         loaded = self._model(model)
         config, spec = loaded.config, loaded.spec
         groups = spec.groups(items)
-        self._check_room(loaded, groups)
+        if loaded.memory.request_bytes is not None:
+            self._check_room(loaded, groups)
         prio = config.priority if priority is None else priority
         timeout = config.timeout_s if timeout is None else timeout
         now = time.perf_counter()
@@ -684,8 +685,7 @@ class OfflineInference:
 
     def _check_room(self, loaded: LoadedModel, groups: Sequence[Item]) -> None:
         room = loaded.memory.request_bytes
-        if room is None:
-            return
+        assert room is not None
         for inputs in groups:
             rows = len(inputs[0]) if loaded.spec.batching and inputs[0].ndim else 1
             size = sum(a.nbytes for a in inputs) // max(rows, 1)

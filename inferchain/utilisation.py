@@ -117,18 +117,17 @@ class BusyClock:
     def add(
         self, picked: float, end: float, rows: int, device: Sequence[tuple[float, float]] = ()
     ) -> None:
-        for start, stop in device or ((picked, end),):
-            self._union(start, stop)
         self.batches += 1
         self.rows += rows
         if device:
             self.device_batches += 1
-
-    def _union(self, start: float, end: float) -> None:
-        start = max(start, self.last_end)
-        if end > start:
-            self.busy_s += end - start
-        self.last_end = max(self.last_end, end)
+        for start, stop in device or ((picked, end),):  # the union of the spans so far
+            last = self.last_end
+            if stop > last:
+                lo = start if start > last else last
+                if stop > lo:
+                    self.busy_s += stop - lo
+                self.last_end = stop
 
 
 @attrs.frozen

@@ -108,6 +108,7 @@ class ExecutionEngine:
         self._callbacks = CallbackThread()
         self._inlined: set[Work] = set()  # works running on a caller's thread (run_now)
         self._stopping = False
+        self._closing = False  # close() waits for `_inlined` to empty: tell it when it does
         self._thread = threading.Thread(target=self._loop, name="inferchain-engine", daemon=True)
 
     # -- life cycle -----------------------------------------------------------------------
@@ -133,6 +134,7 @@ class ExecutionEngine:
         """Stop every worker (each finishes its queue), deliver their last results, then
         stop the loop and the callback thread. Joins every thread it started."""
         with self._drained:  # a caller's thread may be running a batch on a session
+            self._closing = True
             self._drained.wait_for(lambda: not self._inlined)
         workers = [w for m in self._models.values() for w in m.workers]
         for w in workers:
@@ -230,7 +232,7 @@ class ExecutionEngine:
             return False
         model = self._models[work.model]
         assert self._scheduler is not None
-        with self._lock:
+        with self._lock:  # one section before each batch, one after it
             if self._submitted or model.batcher.num_ready:
                 return False
             worker = model.idle_worker()
@@ -240,32 +242,40 @@ class ExecutionEngine:
                 return False
             self._register(work)
             self._inlined.add(work)
+            batch = self._cut(model, worker, work)
+        pending = True
         try:
-            pending = self._run_here(work, model, worker, short_only)
+            pending = self._run_here(work, model, worker, batch, short_only)
         finally:
-            with self._lock:
-                self._inlined.discard(work)
-            with self._drained:
-                self._drained.notify_all()  # close() waits for no run on a caller's thread
+            if work in self._inlined:  # _run_here raised
+                with self._lock:
+                    self._inlined.discard(work)
+            if self._closing:
+                with self._drained:
+                    self._drained.notify_all()  # close() waits for no run on a caller's thread
         if pending:  # e.g. a dependent it unblocked, or work that arrived meanwhile
             self.wake()
         return True
 
+    def _cut(self, model: WorkerSet, worker: ModelWorker, work: Work) -> Batch:
+        slices, rows = model.batcher.cut(work)
+        return self._batch(model, worker, slices, rows)
+
     def _run_here(
-        self, work: Work, model: WorkerSet, worker: ModelWorker, short_only: bool
+        self, work: Work, model: WorkerSet, worker: ModelWorker, batch: Batch, short_only: bool
     ) -> bool:
-        """run_now's batches; True when the loop has something to do after it."""
+        """run_now's batches from `batch` on; True when the loop has something to do after
+        them. Ends with `work` out of `_inlined`."""
         assert self._scheduler is not None
         while True:
+            result = self._run_inline(worker, batch)
             with self._lock:
-                slices, rows = model.batcher.cut(work)
-                batch = self._batch(model, worker, slices, rows)
-            self._run_inline(worker, batch)
-            with self._lock:
+                self._on_result(result)
                 if work.cancelled and not work.done:
                     cancelled = RequestCancelled(f"work {work.id} ({work.model}) was cancelled")
                     self._drop_rows(work, cancelled, S.CANCELLED)
                 if work.done:
+                    self._inlined.discard(work)
                     pending = bool(self._submitted or self._posted or self._cancelled)
                     pending = pending or bool(self._landed or self._listening)
                     return pending or self._scheduler.has_news or model.batcher.num_ready > 0
@@ -277,11 +287,13 @@ class ExecutionEngine:
                 ):  # the loop takes over: the rows left join the batcher
                     work.arm()
                     model.batcher.add(work)
+                    self._inlined.discard(work)
                     return True
+                batch = self._cut(model, worker, work)
 
-    def _run_inline(self, worker: ModelWorker, batch: Batch) -> None:
+    def _run_inline(self, worker: ModelWorker, batch: Batch) -> BatchResult:
         try:
-            result = worker.run_inline(batch)
+            return worker.run_inline(batch)
         except BaseException as e:  # e.g. KeyboardInterrupt: end the work, then re-raise
             end = time.perf_counter()
             t = batch.dispatched
@@ -293,8 +305,6 @@ class ExecutionEngine:
                 interrupted = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
                 self._drop_rows(work, interrupted, S.CANCELLED)
             raise
-        with self._lock:
-            self._on_result(result)
 
     def cancel_all(self) -> int:
         """Cancel every request and work not yet running; returns how many requests."""
@@ -568,9 +578,10 @@ class ExecutionEngine:
             for s in batch.slices:
                 self._end_slice(s, error)
             return
+        whole = len(batch.slices) == 1  # the slice is the batch: its outputs as they are
         for s in batch.slices:
             work = s.work
-            if not work.batched:
+            if not work.batched or (whole and not model.crops):
                 pieces = outputs
             else:
                 end = s.offset + s.rows

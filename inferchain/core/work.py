@@ -143,7 +143,8 @@ class Work:
         self.exact = exact  # item shapes of the rows themselves (differ when padded)
         self.names = names  # the model's output names, in output order
         self.steps = steps  # a batch of sequence steps: its lanes; None for items
-        self.nbytes = sum(a.nbytes for a in inputs)  # host bytes of all rows' inputs
+        # host bytes of all rows' inputs
+        self.nbytes = inputs[0].nbytes if len(inputs) == 1 else sum(a.nbytes for a in inputs)
         if steps is not None and steps.ahead:  # every step of a multi-step batch
             self.nbytes += sum(a.nbytes - inputs[i].nbytes for i, a in steps.ahead.items())
         self.priority = priority  # higher runs first
@@ -299,9 +300,12 @@ class Work:
     def finish(self) -> None:
         """Every row has ended: order the pieces, end in DONE or ERROR, free the rows'
         inputs and wake the waiter (the engine's loop)."""
-        if len(self.pieces) > 1:
-            self.pieces.sort(key=lambda p: p[0])
-        failed = any(isinstance(p[2], BaseException) for p in self.pieces)
+        pieces = self.pieces
+        if len(pieces) > 1:
+            pieces.sort(key=lambda p: p[0])
+            failed = any(isinstance(p[2], BaseException) for p in pieces)
+        else:
+            failed = bool(pieces) and isinstance(pieces[0][2], BaseException)
         self.state = S.ERROR if failed else S.DONE
         self.inputs = ()  # free the rows' memory as soon as they are finished
         self.requests = None  # a request kept by its caller no longer keeps its siblings

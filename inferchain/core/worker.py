@@ -349,7 +349,7 @@ class ModelWorker:
                 if self.pool.launching(state):
                     raise self.pool.lost_error()
             flight.run_start = time.perf_counter()
-            if _step_count(batch) > 1:  # run step after step at collect
+            if self.pool is not None and _step_count(batch) > 1:  # step after step at collect
                 flight.steps = (feed, state)
             else:  # `state`: steps whose state is in the session's device slots
                 session.launch(feed, self._rows(batch), batch.stream, state)
@@ -472,6 +472,8 @@ class ModelWorker:
             outputs = moved
         if self.session.reuses_outputs:
             return tuple(np.array(o[:n]) for o in outputs)
+        if len(outputs) == 1 and len(outputs[0]) == n:  # the common case, without a loop
+            return (outputs[0],)
         return tuple(o if len(o) == n else o[:n] for o in outputs)
 
     def _elements(self, batch: Batch) -> tuple[int, int]:
@@ -482,7 +484,7 @@ class ModelWorker:
             return 0, 0
         key, rows, slices = batch.shape_key, batch.rows, batch.slices
         ran = session.padded_rows(rows)
-        per_row = self._row_elements(key)
+        per_row = self._sizes.get(key) or self._row_elements(key)
         if ran == rows and len(slices) == 1 and slices[0].work.exact == key:
             return rows * per_row, 0  # the common case: nothing padded
         useful = sum(s.rows * self._row_elements(s.work.exact) for s in slices)
@@ -502,25 +504,29 @@ class ModelWorker:
     def _timing(self, flight: _InFlight, run_end: float, ok: bool) -> BatchTiming:
         batch = flight.batch
         elements, padded = self._elements(batch)
-        stages = getattr(self.session, "last_stages", None)
+        session = self.session
+        stages = getattr(session, "last_stages", None)
+        steps = 0
+        if self.pool is not None:
+            steps = sum(
+                s.rows * _step_count(batch) for s in batch.slices if s.work.steps is not None
+            )
         return BatchTiming(
-            model=batch.model,
-            worker=self.name,
-            size=batch.rows,
-            shape_key=batch.shape_key,
-            ok=ok,
-            picked=flight.picked,
-            run_start=max(flight.run_start, flight.picked),
-            run_end=run_end,
-            end=time.perf_counter(),
-            stages=dict(stages) if stages else NO_STAGES,
-            stream=batch.stream,
-            steps=sum(s.rows * _step_count(batch) for s in batch.slices if s.work.steps is not None)
-            if self.pool is not None
-            else 0,
-            elements=elements,
-            padded=padded,
-            device=self.session.take_device_spans() if self.session is not None else (),
+            batch.model,
+            self.name,
+            batch.rows,
+            batch.shape_key,
+            ok,
+            flight.picked,
+            max(flight.run_start, flight.picked),
+            run_end,
+            time.perf_counter(),
+            dict(stages) if stages else NO_STAGES,
+            batch.stream,
+            steps,
+            elements,
+            padded,
+            session.take_device_spans() if session is not None else (),
         )
 
     # -- failures -------------------------------------------------------------------------
