@@ -80,13 +80,16 @@ class Request:
 
     __slots__ = (
         "__weakref__",
+        "_created_at",
+        "_ended_at",
         "_fwaiters",
         "_inputs",
         "_listeners",
         "_lock",
         "_on_cancel",
         "_phase",
-        "_stamps",
+        "_ready_at",
+        "_running_at",
         "_waiter",
         "callback",
         "deadline",
@@ -129,8 +132,12 @@ class Request:
         self.error: BaseException | None = None  # once ERROR / CANCELLED / TIMED_OUT
         self._lock = threading.RLock() if lock is None else lock
         self._phase = RequestState.WAITING
-        created = time.perf_counter() if created is None else created
-        self._stamps: list[float | None] = [created, None, None, None, None, None, None]
+        # when it entered each state (each is entered once at most; no list: one object
+        # fewer per request for the cyclic GC to walk)
+        self._created_at = time.perf_counter() if created is None else created
+        self._ready_at: float | None = None
+        self._running_at: float | None = None
+        self._ended_at: float | None = None  # entering its terminal state, `_phase`
         self._waiter: threading.Lock | None = None  # held until terminal; see wait()
         self._listeners: list[Callable[[Request], None]] | None = None
         self._fwaiters: list[Any] | None = None  # concurrent.futures.wait() waiters
@@ -170,11 +177,24 @@ class Request:
     @property
     def timings(self) -> dict[str, float]:
         """`time.perf_counter()` of each state the request has entered, by state name."""
-        return {s.name: t for s, t in zip(RequestState, self._stamps, strict=True) if t is not None}
+        return {s.name: t for s in RequestState if (t := self.stamp(s)) is not None}
 
     def stamp(self, state: RequestState) -> float | None:
         """When the request entered `state` (perf_counter seconds), or None."""
-        return self._stamps[state]
+        if state is RequestState.WAITING:
+            return self._created_at
+        if state is RequestState.READY:
+            return self._ready_at
+        if state is RequestState.RUNNING:
+            return self._running_at
+        return self._ended_at if state is self._phase else None
+
+    def _stamp(self, to: RequestState, now: float) -> None:
+        """Stamp entering the non-terminal state `to`."""
+        if to is RequestState.READY:
+            self._ready_at = now
+        else:
+            self._running_at = now
 
     # -- transitions ---------------------------------------------------------------------
 
@@ -209,7 +229,7 @@ class Request:
                 self._end(to, time.perf_counter(), outputs, error)
             else:
                 self._phase = to
-                self._stamps[to] = time.perf_counter()
+                self._stamp(to, time.perf_counter())
                 return True
         self._wake()
         return True
@@ -219,7 +239,7 @@ class Request:
     ) -> None:
         """Enter the terminal state `to` (under the lock; the table allowed it)."""
         self._phase = to
-        self._stamps[to] = now
+        self._ended_at = now
         self.outputs = outputs
         self.error = error
         self._inputs = ()  # free the item's memory as soon as it is finished
@@ -401,11 +421,15 @@ def advance(
     positions of those that could not move (e.g. cancelled meanwhile)."""
     assert to < RequestState.DONE
     stuck: list[int] = []
+    ready = to is RequestState.READY
     with lock:
         for i, r in enumerate(requests):
             if to in _ALLOWED[r._phase]:
                 r._phase = to
-                r._stamps[to] = now
+                if ready:
+                    r._ready_at = now
+                else:
+                    r._running_at = now
             else:
                 stuck.append(i)
     return stuck
