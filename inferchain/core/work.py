@@ -23,6 +23,7 @@ Everything else is set at construction and never changes.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
@@ -34,6 +35,13 @@ from inferchain.core.request import Callback, Outputs, Request, RequestState
 from inferchain.errors import RequestCancelled
 from inferchain.shapes import ShapeKey
 from inferchain.tensors import StateRows
+
+# a Request's keyword defaults, read off its signature (one source of truth)
+_REQUEST_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(Request.__init__).parameters.items()
+    if p.default is not inspect.Parameter.empty
+}
 
 Piece = tuple[int, int, "tuple[np.ndarray, ...] | BaseException"]  # rows [start, stop)
 S = RequestState
@@ -204,22 +212,16 @@ class Work:
         )  # fmt: skip
         if per_item:
             lock = work.lock
-            work.requests = tuple(
-                Request(
-                    first_id + i,
-                    model,
-                    priority=priority,
-                    deadline=deadline,
-                    depends_on=depends_on,
-                    callback=callback,
-                    on_cancel=on_cancel,
-                    work=work,
-                    row=i,
-                    lock=lock,
-                    created=created,
-                )
+            # only the fields that differ from a Request's defaults: a keyword costs per row
+            given: dict[str, Any] = {"priority": priority, "deadline": deadline,
+                                     "depends_on": depends_on, "callback": callback,
+                                     "on_cancel": on_cancel}  # fmt: skip
+            extra = {k: v for k, v in given.items() if v is not _REQUEST_DEFAULTS[k]}
+            rows = [
+                Request(first_id + i, model, work=work, row=i, lock=lock, created=created, **extra)
                 for i in range(work.rows)
-            )
+            ]
+            work.requests = tuple(rows)
         return work
 
     @classmethod
