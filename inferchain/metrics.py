@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
@@ -29,6 +30,12 @@ from inferchain.utilisation import (
     Utilisation,
     utilisation,
 )
+
+if TYPE_CHECKING:
+    from inferchain.core.work import StepRows
+
+# per slice of a batch: rows, submitted, admitted, dispatched, picked, end, ok
+_Stamp = tuple[int, float, float, float, float, float, bool]
 
 __all__ = [
     "NO_STAGES",
@@ -201,11 +208,7 @@ class ModelMetrics:
         self.batch_sizes: Counter[int] = Counter()
         self.first_submit: float | None = None
         self.last_done: float | None = None
-        # per slice: (rows, submitted, admitted, dispatched, end, ok)
-        # per slice: rows, submitted, admitted, dispatched, picked, end, ok
-        self._slices: deque[tuple[int, float, float, float, float, float, bool]] = deque(
-            maxlen=_CAPACITY
-        )
+        self._slices: deque[_Stamp] = deque(maxlen=_CAPACITY)
         self.timeline: deque[BatchTiming] = deque(maxlen=_TIMELINE)
         self.busy: dict[str, BusyClock] = {}  # per worker name
         self.elements = 0  # input elements run, and of those padding
@@ -225,21 +228,44 @@ class ModelMetrics:
 
     def record_batch(self, timing: BatchTiming, batch: Batch) -> None:
         """Count a finished batch and keep the stamps of its slices."""
+        sent = batch.dispatched
+        if len(batch.slices) == 1:  # the common case, without a list
+            work = batch.slices[0].work
+            self.record_rows(timing, work.submitted, work.admitted or sent, sent, work.steps)
+            return
+        picked = max(timing.picked, sent)
+        end, ok = timing.end, timing.ok
+        slices = [
+            (s.rows, s.work.submitted, s.work.admitted or sent, sent, picked, end, ok)
+            for s in batch.slices
+        ]
+        first = min(s[1] for s in slices) if slices else end
+        self._record(timing, first, slices, batch.slices[0].work.steps)
+
+    def record_rows(
+        self,
+        timing: BatchTiming,
+        submitted: float,
+        admitted: float,
+        sent: float,
+        steps: StepRows | None = None,
+    ) -> None:
+        """Count a finished batch of rows submitted, admitted and sent together (one slice
+        of a Work, or the engine's one-item lane)."""
+        stamp = (timing.size, submitted, admitted, sent, max(timing.picked, sent), timing.end,
+                 timing.ok)  # fmt: skip
+        self._record(timing, submitted, stamp, steps)
+
+    def _record(
+        self,
+        timing: BatchTiming,
+        first: float,
+        stamps: _Stamp | list[_Stamp],
+        steps: StepRows | None,
+    ) -> None:
         n = timing.size
         ok = timing.ok
         end = timing.end
-        sent = batch.dispatched
-        picked = max(timing.picked, sent)
-        if len(batch.slices) == 1:  # the common case, without a list
-            work = batch.slices[0].work
-            first = work.submitted
-            stamp = (n, first, work.admitted or sent, sent, picked, end, ok)
-        else:
-            slices = [
-                (s.rows, s.work.submitted, s.work.admitted or sent, sent, picked, end, ok)
-                for s in batch.slices
-            ]
-            first = min(s[1] for s in slices) if slices else end
         with self._lock:
             self.batch_sizes[n] += 1
             if ok:
@@ -249,10 +275,10 @@ class ModelMetrics:
             if self.first_submit is None or first < self.first_submit:
                 self.first_submit = first
             self.last_done = end
-            if len(batch.slices) == 1:
-                self._slices.append(stamp)
+            if isinstance(stamps, list):
+                self._slices.extend(stamps)
             else:
-                self._slices.extend(slices)
+                self._slices.append(stamps)
             self.timeline.append(timing)
             clock = self.busy.get(timing.worker)
             if clock is None:
@@ -263,7 +289,6 @@ class ModelMetrics:
                 self.padded += timing.padded
             if timing.steps and ok:
                 self.steps += timing.steps
-                steps = batch.slices[0].work.steps
                 self.step_batches += 1 if steps is None else steps.count  # model runs
 
     def samples(self) -> dict[str, np.ndarray]:

@@ -70,6 +70,7 @@ class OfflineInference:
         self._lock = threading.Lock()  # guards _phase and _next_id
         self._next_id = 1
         self._models: dict[str, LoadedModel] = {}  # after init()
+        self._lanes: dict[str, tuple[str, ...]] = {}  # after init(): see init()
         self._engine: ExecutionEngine | None = None
         self._sequences = Sequences()  # the step batchers and runners the engine drives
         self._pipeline: Pipeline | None = None
@@ -108,6 +109,8 @@ class OfflineInference:
             if m.pool is not None:
                 m.steps = step_batcher(m, self.metrics.models[name])
                 self._sequences.batchers[name] = m.steps
+        # models whose one item may take the engine's one-item lane: their output names
+        self._lanes = {n: m.output_names for n, m in self._models.items() if m.takes_lane}
         engine.start(
             scheduler,
             [(m.config, m.workers, m.shapes) for m in self._models.values()],
@@ -424,6 +427,11 @@ class OfflineInference:
         pyACL), the engine runs the batch of one right here on the calling thread.
         """
         engine = self._running_engine()
+        names = self._lanes.get(model)
+        if names is not None:  # the one-item lane, while the model is idle
+            found = self._infer_in_lane(engine, model, names, inputs, timeout)
+            if found is not None:
+                return found
         (work,) = self._works(model, (inputs,), timeout=timeout)
         engine.run_or_submit(work)
         work.wait()
@@ -431,6 +439,37 @@ class OfflineInference:
         if isinstance(result, BaseException):
             raise result
         return result
+
+    def _infer_in_lane(
+        self,
+        engine: ExecutionEngine,
+        model: str,
+        names: tuple[str, ...],
+        inputs: Any,
+        timeout: float | None,
+    ) -> Outputs | None:
+        """`infer` in the engine's one-item lane (`ExecutionEngine.run_item`); None where
+        the lane is closed now or the item's shapes take a batch of another key."""
+        loaded = self._models[model]
+        submitted = time.perf_counter()
+        arrays = loaded.spec.normalize(inputs)
+        exact = tuple(a.shape for a in arrays)  # every input batched on axis 0: its shape
+        key, _ = loaded.shapes.keys(exact)
+        if key != exact:  # e.g. a bucket pads it
+            return None
+        value = engine.run_item(
+            model,
+            [a[None] for a in arrays],
+            key,
+            sum(a.nbytes for a in arrays),
+            submitted,
+            lambda: self._works(model, (inputs,), timeout=timeout)[0],
+        )
+        if value is None:
+            return None
+        if isinstance(value, BaseException):
+            raise value
+        return {n: o[0] for n, o in zip(names, value, strict=True)}
 
     @overload
     def map(

@@ -57,7 +57,7 @@ class HostBuffers:
         self._sets: OrderedDict[tuple[int, ShapeKey], list[np.ndarray]] = OrderedDict()
         # per input, the model's dim of its rows (None: unbatched); all 0 unless told
         self._axes: tuple[Axis, ...] = tuple(axes) if axes is not None else (0,) * len(inputs)
-        self._plain = all(a == 0 for a in self._axes)  # fed as stacked: no layout work
+        self.plain = all(a == 0 for a in self._axes)  # fed as stacked: no layout work
 
     def get(self, stream: int, key: ShapeKey) -> list[np.ndarray]:
         """The buffers for `key` on `stream`, made on first use: [max batch, *item shape]
@@ -92,9 +92,9 @@ class HostBuffers:
             work = s.work
             if not work.batched:
                 return list(work.inputs)
-            if self._plain and work.exact == batch.shape_key:
+            if self.plain and work.exact == batch.shape_key:
                 return [a[s.start : s.stop] for a in work.inputs]
-        if not self._plain:
+        if not self.plain:
             return self._feed_laid_out(batch)
         n = batch.rows
         views = [b[:n] for b in self.get(batch.stream, batch.shape_key)]

@@ -31,7 +31,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,7 +62,7 @@ from inferchain.errors import (
 )
 from inferchain.logs import get_logger, log_safely
 from inferchain.metrics import Metrics
-from inferchain.shapes import ShapePolicy, crop_rows, envelope
+from inferchain.shapes import ShapeKey, ShapePolicy, crop_rows, envelope
 
 if TYPE_CHECKING:  # the engine reads a worker's surface only: no backend is imported
     from inferchain.core.worker import ModelWorker
@@ -107,6 +107,7 @@ class ExecutionEngine:
         self._failed_ids = bytearray()  # one bit per request id: it ended without outputs
         self._callbacks = CallbackThread()
         self._inlined: set[Work] = set()  # works running on a caller's thread (run_now)
+        self._items = 0  # items running on a caller's thread in the one-item lane
         self._stopping = False
         self._closing = False  # close() waits for `_inlined` to empty: tell it when it does
         self._thread = threading.Thread(target=self._loop, name="inferchain-engine", daemon=True)
@@ -135,7 +136,7 @@ class ExecutionEngine:
         stop the loop and the callback thread. Joins every thread it started."""
         with self._drained:  # a caller's thread may be running a batch on a session
             self._closing = True
-            self._drained.wait_for(lambda: not self._inlined)
+            self._drained.wait_for(lambda: not self._inlined and not self._items)
         workers = [w for m in self._models.values() for w in m.workers]
         for w in workers:
             w.stop()
@@ -256,6 +257,113 @@ class ExecutionEngine:
         if pending:  # e.g. a dependent it unblocked, or work that arrived meanwhile
             self.wake()
         return True
+
+    def run_item(
+        self,
+        model: str,
+        feed: list[np.ndarray],
+        key: ShapeKey,
+        nbytes: int,
+        submitted: float,
+        replay: Callable[[], Work],
+    ) -> tuple[np.ndarray, ...] | BaseException | None:
+        """The one-item lane, `infer()`'s: run one item (`feed`, its arrays with a row axis,
+        of item shapes `key`) here on the calling thread while its model is idle, and
+        return its outputs (one row each). It holds what `run_now` holds (a worker and its
+        stream, the model's admission, a place in `wait_all` and `close`) and records the
+        batch in the metrics as the loop does, but it builds no Work and no batch record.
+
+        None: nothing was done (the lane is closed now: take the run-now path). A failed run
+        is replayed on the records of the run-now path (`replay()` builds the item's Work)
+        and handled as the loop handles a failed batch; its error comes back."""
+        if not self._inline or log.enabled(logging.INFO):  # info: the batch's log line
+            return None
+        models = self._models[model]
+        assert self._scheduler is not None
+        with self._lock:
+            if self._submitted or models.batcher.num_ready:
+                return None
+            worker = models.idle_worker()
+            if worker is None or not worker.takes_items:
+                return None
+            if not self._scheduler.admit_rows(model, 1, nbytes):
+                return None
+            stream = models.take_stream(worker)
+            self._enter()
+            self._items += 1
+            sent = time.perf_counter()
+        held = True  # the item holds its stream, admission and place until they are freed
+        try:
+            value, run_start, run_end = worker.run_item(feed, stream)
+            if isinstance(value, Exception):
+                work = replay()
+                held = False  # _replay hands them to the item's Work
+                return self._replay(work, nbytes, models, worker, stream, (sent, run_start), value)
+            timing = worker.item_timing(key, stream, sent, run_start, run_end)
+            with self._lock:
+                held = False
+                models.give_back_stream(worker.index, stream, timing.end - sent)
+                self._metrics.models[model].record_rows(timing, submitted, sent, sent)
+                pending = self._end_item(models, nbytes)
+        finally:
+            if held:  # e.g. KeyboardInterrupt: free what the item held, then re-raise
+                with self._lock:
+                    models.give_back_stream(worker.index, stream, time.perf_counter() - sent)
+                    self._end_item(models, nbytes)
+        if pending:
+            self.wake()
+        return value
+
+    def _end_item(self, models: WorkerSet, nbytes: int) -> bool:
+        """A lane item ended (under `_lock`): free its admission and its place; True when
+        the loop has something to do after it (work that waited for the worker)."""
+        assert self._scheduler is not None
+        self._scheduler.release_rows(models.name, 1, nbytes)
+        self._items -= 1
+        self._leave()
+        if self._closing:
+            with self._drained:
+                self._drained.notify_all()
+        pending = bool(self._submitted or self._posted or self._cancelled)
+        return pending or self._scheduler.has_news or models.batcher.num_ready > 0
+
+    def _replay(
+        self,
+        work: Work,
+        nbytes: int,
+        models: WorkerSet,
+        worker: ModelWorker,
+        stream: int,
+        times: tuple[float, float],
+        error: Exception,
+    ) -> BaseException:
+        """A lane item's run raised `error`: hand its admission and stream to `work` (its
+        records, built now) and end it as the loop ends a failed batch. `times`: when it
+        was sent and when its run started."""
+        assert self._scheduler is not None
+        sent, run_start = times
+        with self._lock:
+            self._scheduler.hand_over(work, 1, nbytes, sent)
+            self._register(work)
+            self._inlined.add(work)  # close() waits for it as for run_now's
+            self._items -= 1
+            self._leave()
+            slices, rows = models.batcher.cut(work)
+            batch = Batch(work.model, worker.index, stream, tuple(slices), rows, work.shape_key,
+                          sent)  # fmt: skip
+        try:
+            result = worker.failed_inline(batch, sent, run_start, error)
+            with self._lock:
+                self._on_result(result)
+        finally:
+            with self._lock:
+                self._inlined.discard(work)
+            with self._drained:
+                self._drained.notify_all()
+        self.wake()  # the loop re-plans after a failure (a worker may be re-initialising)
+        failed = work.item(0)
+        assert isinstance(failed, BaseException)
+        return failed
 
     def _cut(self, model: WorkerSet, worker: ModelWorker, work: Work) -> Batch:
         slices, rows = model.batcher.cut(work)
@@ -703,6 +811,16 @@ class ExecutionEngine:
         work.finish()
         if work.steps is not None and work.steps.cohort is not None:
             self._landed.append(work)
+        self._leave()
+
+    def _enter(self) -> None:
+        """One more work (or lane item) in flight, until `_leave`."""
+        with self._drained:
+            self._outstanding += 1
+            if self._outstanding == 1:  # the engine has something in flight again
+                self._metrics.engine_activity.enter()
+
+    def _leave(self) -> None:
         with self._drained:
             self._outstanding -= 1
             if self._outstanding == 0:
@@ -712,10 +830,7 @@ class ExecutionEngine:
     # -- thread-shared counters -----------------------------------------------------------
 
     def _register(self, work: Work) -> None:
-        with self._drained:
-            self._outstanding += 1
-            if self._outstanding == 1:  # the engine has something in flight again
-                self._metrics.engine_activity.enter()
+        self._enter()
         requests = work.requests
         if requests is not None:
             if work.steps is not None:  # sequence steps: their ids are not consecutive

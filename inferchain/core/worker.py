@@ -201,6 +201,51 @@ class ModelWorker:
             self._queue.put(_RECOVER)
         return result
 
+    @property
+    def takes_items(self) -> bool:
+        """Its session takes one item's arrays as they are with a row axis added (every
+        input batched on axis 0, no sequence state): the engine's one-item lane may run it."""
+        return self.pool is None and self._buffers is not None and self._buffers.plain
+
+    def run_item(
+        self, feed: list[np.ndarray], stream: int
+    ) -> tuple[tuple[np.ndarray, ...] | Exception, float, float]:
+        """Run a batch of one row, `feed` (the session's inputs, one row each), on the
+        calling thread, for the engine's one-item lane (on a worker it reserved, with a
+        session any thread may use): its outputs (their rows checked as every batch's) or
+        the exception the run raised (`failed_inline` handles it as the loop's), and when
+        the run started and ended."""
+        session = self.session
+        run_start = time.perf_counter()
+        try:
+            if session is None:
+                raise BackendError(f"{self.name} has no loaded model (it failed to re-initialise)")
+            session.launch(feed, 1, stream)
+            outputs = self._outputs(session.collect(stream), 1)
+        except Exception as e:
+            return e, run_start, time.perf_counter()
+        self.consecutive_failures = 0
+        return outputs, run_start, time.perf_counter()
+
+    def failed_inline(
+        self, batch: Batch, picked: float, run_start: float, error: Exception
+    ) -> BatchResult:
+        """What `run_inline(batch)` returns where its run raised `error`: the one-item
+        lane's failure, counted, logged and re-initialised after as the loop's is."""
+        flight = _InFlight(batch, picked, run_start, error)
+        result, _ = self._collect(flight, inline=True)
+        if not self.healthy and not self.dead:
+            self._queue.put(_RECOVER)
+        return result
+
+    def item_timing(
+        self, key: ShapeKey, stream: int, picked: float, run_start: float, run_end: float
+    ) -> BatchTiming:
+        """The timing record of the one-item lane's batch of one row of item shapes `key`."""
+        return self._timing_of(
+            self.model.name, key, 1, stream, picked, run_start, run_end, self._padding(key, 1)
+        )
+
     def stop(self) -> None:
         """Finish the queued batches, then release the session on the worker thread."""
         self._queue.put(None)
@@ -479,16 +524,25 @@ class ModelWorker:
     def _elements(self, batch: Batch) -> tuple[int, int]:
         """Input elements the model ran for `batch` (its batched inputs, padding included),
         and of those padding: rows up to the session's padded batch, dims up to the key."""
+        key, rows, slices = batch.shape_key, batch.rows, batch.slices
+        if len(slices) == 1 and slices[0].work.exact == key:
+            return self._padding(key, rows)  # the common case: rows padded at most
         session = self.session
         if not self._batching or session is None:
             return 0, 0
-        key, rows, slices = batch.shape_key, batch.rows, batch.slices
         ran = session.padded_rows(rows)
         per_row = self._sizes.get(key) or self._row_elements(key)
-        if ran == rows and len(slices) == 1 and slices[0].work.exact == key:
-            return rows * per_row, 0  # the common case: nothing padded
         useful = sum(s.rows * self._row_elements(s.work.exact) for s in slices)
         return ran * per_row, ran * per_row - useful
+
+    def _padding(self, key: ShapeKey, rows: int) -> tuple[int, int]:
+        """`_elements` of `rows` rows of exactly the item shapes `key`."""
+        session = self.session
+        if not self._batching or session is None:
+            return 0, 0
+        ran = session.padded_rows(rows)
+        per_row = self._sizes.get(key) or self._row_elements(key)
+        return ran * per_row, (ran - rows) * per_row
 
     def _row_elements(self, key: ShapeKey) -> int:
         """Elements of one row of the batched inputs of item shapes `key` (memoised)."""
@@ -503,29 +557,46 @@ class ModelWorker:
 
     def _timing(self, flight: _InFlight, run_end: float, ok: bool) -> BatchTiming:
         batch = flight.batch
-        elements, padded = self._elements(batch)
-        session = self.session
-        stages = getattr(session, "last_stages", None)
         steps = 0
         if self.pool is not None:
             steps = sum(
                 s.rows * _step_count(batch) for s in batch.slices if s.work.steps is not None
             )
+        return self._timing_of(
+            batch.model, batch.shape_key, batch.rows, batch.stream, flight.picked,
+            flight.run_start, run_end, self._elements(batch), ok, steps,
+        )  # fmt: skip
+
+    def _timing_of(
+        self,
+        model: str,
+        key: ShapeKey,
+        rows: int,
+        stream: int,
+        picked: float,
+        run_start: float,
+        run_end: float,
+        elements: tuple[int, int],
+        ok: bool = True,
+        steps: int = 0,
+    ) -> BatchTiming:
+        session = self.session
+        stages = getattr(session, "last_stages", None)
         return BatchTiming(
-            batch.model,
+            model,
             self.name,
-            batch.rows,
-            batch.shape_key,
+            rows,
+            key,
             ok,
-            flight.picked,
-            max(flight.run_start, flight.picked),
+            picked,
+            max(run_start, picked),
             run_end,
             time.perf_counter(),
             dict(stages) if stages else NO_STAGES,
-            batch.stream,
+            stream,
             steps,
-            elements,
-            padded,
+            elements[0],
+            elements[1],
             session.take_device_spans() if session is not None else (),
         )
 

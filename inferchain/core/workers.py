@@ -65,13 +65,14 @@ class WorkerSet:
         return self.free[w.index].pop() if w.num_streams > 1 else 0
 
     def give_back(self, result: BatchResult) -> None:
-        batch = result.batch
-        i = batch.worker
+        t = result.timing
+        self.give_back_stream(result.batch.worker, result.batch.stream, t.end - t.picked)
+
+    def give_back_stream(self, i: int, stream: int, wall: float) -> None:
+        """Worker `i`'s `stream` is free again after a batch of `wall` seconds."""
         self.in_flight[i] -= 1
         if self.workers[i].num_streams > 1:
-            self.free[i].append(batch.stream)
-        t = result.timing
-        wall = t.end - t.picked
+            self.free[i].append(stream)
         self.batch_s[i] = wall if self.batch_s[i] <= 0 else 0.8 * self.batch_s[i] + 0.2 * wall
 
     def idle_worker(self) -> ModelWorker | None:
