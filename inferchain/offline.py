@@ -38,7 +38,7 @@ from inferchain.metrics import Metrics, Stats
 from inferchain.pipeline import PathLoader, Pipeline, pipeline_class
 from inferchain.registry import LoadedModel, load_models, step_batcher
 from inferchain.sequence import LiveSequence, Stepper
-from inferchain.shapes import ShapePolicy
+from inferchain.shapes import ShapeKey, ShapePolicy
 from inferchain.tensors import ModelInfo
 
 log = get_logger(__name__)
@@ -453,22 +453,26 @@ class OfflineInference:
         loaded = self._models[model]
         submitted = time.perf_counter()
         arrays = loaded.spec.normalize(inputs)
-        exact = tuple(a.shape for a in arrays)  # every input batched on axis 0: its shape
+        if len(arrays) == 1:  # the common case, without loops
+            (a,) = arrays
+            exact: ShapeKey = (a.shape,)
+            feed, nbytes = [a[None]], a.nbytes
+        else:  # every input is batched on axis 0: its item shape is the array's shape
+            exact = tuple(a.shape for a in arrays)
+            feed, nbytes = [a[None] for a in arrays], sum(a.nbytes for a in arrays)
         key, _ = loaded.shapes.keys(exact)
         if key != exact:  # e.g. a bucket pads it
             return None
         value = engine.run_item(
-            model,
-            [a[None] for a in arrays],
-            key,
-            sum(a.nbytes for a in arrays),
-            submitted,
+            model, feed, key, nbytes, submitted,
             lambda: self._works(model, (inputs,), timeout=timeout)[0],
-        )
+        )  # fmt: skip
         if value is None:
             return None
         if isinstance(value, BaseException):
             raise value
+        if len(value) == 1:
+            return {names[0]: value[0][0]}
         return {n: o[0] for n, o in zip(names, value, strict=True)}
 
     @overload
