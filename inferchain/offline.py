@@ -449,7 +449,7 @@ class OfflineInference:
         timeout: float | None,
     ) -> Outputs | None:
         """`infer` in the engine's one-item lane (`ExecutionEngine.run_item`); None where
-        the lane is closed now or the item's shapes take a batch of another key."""
+        the lane is closed now."""
         loaded = self._models[model]
         submitted = time.perf_counter()
         arrays = loaded.spec.normalize(inputs)
@@ -460,11 +460,8 @@ class OfflineInference:
         else:  # every input is batched on axis 0: its item shape is the array's shape
             exact = tuple(a.shape for a in arrays)
             feed, nbytes = [a[None] for a in arrays], sum(a.nbytes for a in arrays)
-        key, _ = loaded.shapes.keys(exact)
-        if key != exact:  # e.g. a bucket pads it
-            return None
         value = engine.run_item(
-            model, feed, key, nbytes, submitted,
+            model, feed, exact, nbytes, submitted,  # its key: its own shapes (`takes_lane`)
             lambda: self._works(model, (inputs,), timeout=timeout)[0],
         )  # fmt: skip
         if value is None:

@@ -43,7 +43,7 @@ class LoadedModel:
         """`infer()` of one item may take the engine's one-item lane: the item's arrays
         are the model's inputs as they are, with a row axis (no unbatched input, every
         input batched on axis 0, no tensor on the device, no sequence state, no batches
-        anchored to a run, no per-request memory limit, outputs used whole)."""
+        anchored to a run, no per-request memory limit, an item's key its own shapes)."""
         spec, shapes, config = self.spec, self.shapes, self.config
         return (
             spec.batching
@@ -53,8 +53,7 @@ class LoadedModel:
             and not config.state
             and config.batching != "fill"
             and self.memory.request_bytes is None
-            and not shapes.crops
-            and not shapes.longest
+            and shapes.keeps_shapes
         )
 
     @property

@@ -146,6 +146,8 @@ class ShapePolicy:
         self._keys: dict[tuple[ShapeKey, Hashable], tuple[ShapeKey, Hashable]] = {}  # keys()
         static = model.max_batch_size > 0 and all(None not in s for s in self._item_shapes)
         self.buckets: list[ShapeKey] = self._buckets(config.buckets, static, len(inputs))
+        # every item's key is its own shapes: nothing is ever padded, nor keys derived later
+        self.keeps_shapes = static or self.strategy == "dynamic"
         self.crops = tuple(self._crop(c, inputs, outputs) for c in config.crop_outputs or ())
 
     def _buckets(self, raw: Sequence[Any] | None, static: bool, n_inputs: int) -> list[ShapeKey]:

@@ -251,9 +251,7 @@ class ExecutionEngine:
             if work in self._inlined:  # _run_here raised
                 with self._lock:
                     self._inlined.discard(work)
-            if self._closing:
-                with self._drained:
-                    self._drained.notify_all()  # close() waits for no run on a caller's thread
+            self._tell_closer()
         if pending:  # e.g. a dependent it unblocked, or work that arrived meanwhile
             self.wake()
         return True
@@ -321,11 +319,22 @@ class ExecutionEngine:
         self._scheduler.release_rows(models.name, 1, nbytes)
         self._items -= 1
         self._leave()
+        self._tell_closer()
+        return self._pending(models)
+
+    def _pending(self, models: WorkerSet) -> bool:
+        """Under `_lock`, after a run on a caller's thread: True when the loop has
+        something to do (news, or work for the model that waited for its worker)."""
+        assert self._scheduler is not None
+        pending = bool(self._submitted or self._posted or self._cancelled)
+        pending = pending or bool(self._landed or self._listening)
+        return pending or self._scheduler.has_news or models.batcher.num_ready > 0
+
+    def _tell_closer(self) -> None:
+        """A run on a caller's thread ended: wake `close()` if it waits for one."""
         if self._closing:
             with self._drained:
                 self._drained.notify_all()
-        pending = bool(self._submitted or self._posted or self._cancelled)
-        return pending or self._scheduler.has_news or models.batcher.num_ready > 0
 
     def _replay(
         self,
@@ -358,8 +367,7 @@ class ExecutionEngine:
         finally:
             with self._lock:
                 self._inlined.discard(work)
-            with self._drained:
-                self._drained.notify_all()
+            self._tell_closer()
         self.wake()  # the loop re-plans after a failure (a worker may be re-initialising)
         failed = work.item(0)
         assert isinstance(failed, BaseException)
@@ -384,9 +392,7 @@ class ExecutionEngine:
                     self._drop_rows(work, cancelled, S.CANCELLED)
                 if work.done:
                     self._inlined.discard(work)
-                    pending = bool(self._submitted or self._posted or self._cancelled)
-                    pending = pending or bool(self._landed or self._listening)
-                    return pending or self._scheduler.has_news or model.batcher.num_ready > 0
+                    return self._pending(model)
                 if (
                     self._submitted
                     or model.batcher.num_ready

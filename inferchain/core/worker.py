@@ -531,7 +531,7 @@ class ModelWorker:
         if not self._batching or session is None:
             return 0, 0
         ran = session.padded_rows(rows)
-        per_row = self._sizes.get(key) or self._row_elements(key)
+        per_row = self._row_elements(key)
         useful = sum(s.rows * self._row_elements(s.work.exact) for s in slices)
         return ran * per_row, ran * per_row - useful
 
@@ -541,7 +541,7 @@ class ModelWorker:
         if not self._batching or session is None:
             return 0, 0
         ran = session.padded_rows(rows)
-        per_row = self._sizes.get(key) or self._row_elements(key)
+        per_row = self._row_elements(key)
         return ran * per_row, (ran - rows) * per_row
 
     def _row_elements(self, key: ShapeKey) -> int:
