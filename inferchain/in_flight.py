@@ -75,7 +75,7 @@ def in_flight(
     pending: deque[Work] = deque()
     finished: queue.SimpleQueue[Work] = queue.SimpleQueue()
     notify = None if ordered else finished.put
-    window = Window(max(limit, chunk))  # rows of the Works submitted and not yet yielded
+    window = Window(limit)  # rows of the Works submitted and not yet yielded
     source = chunks(inputs, chunk)
     exhausted = False
     try:

@@ -31,7 +31,15 @@ from inferchain.backends.acl_api import (
     import_acl,
     null_error,
 )
-from inferchain.backends.acl_buffers import BufferSet, Launched, Slot, make_sets, set_bytes
+from inferchain.backends.acl_buffers import (
+    BufferSet,
+    Launched,
+    Slot,
+    ignore,
+    make_sets,
+    set_bytes,
+    value_of,
+)
 from inferchain.backends.acl_clock import DeviceClock
 from inferchain.backends.acl_constants import DeviceConstants
 from inferchain.backends.acl_constants import plan as plan_constants
@@ -210,9 +218,7 @@ class AclSession(Session):
         check(self._acl, ret, f"{self._model.name}: {what}")
 
     def _value(self, result: tuple[Any, int], what: str) -> Any:
-        value, ret = result
-        self._call(ret, what)
-        return value
+        return value_of(self._acl, result, f"{self._model.name}: {what}")
 
     def _load(self) -> None:
         acl, rt, mdl = self._acl, self._acl.rt, self._acl.mdl
@@ -402,7 +408,7 @@ class AclSession(Session):
             try:
                 state.allocate(self._acl, self._model.name)
             except BaseException:
-                state.release(self._acl, lambda ret, what: None)
+                state.release(self._acl, ignore)
                 raise
             self._state = state
             if constant:
@@ -427,7 +433,7 @@ class AclSession(Session):
         try:
             constants.allocate(self._acl, self._model.name)
         except BaseException:
-            constants.release(self._acl, lambda ret, what: None)
+            constants.release(self._acl, ignore)
             raise
         self._constants = constants
 
@@ -738,7 +744,7 @@ class AclSession(Session):
                 clock.anchor(buffer_set.stream)
             except BackendError as e:
                 log.warning("acl_device_clock_failed", model=self._model.name, error=str(e))
-                clock.release(lambda ret, what: None)
+                clock.release(ignore)
                 self._clock = None
 
     def take_device_spans(self) -> tuple[tuple[float, float], ...]:

@@ -24,6 +24,10 @@ EVENTS = ("start", "copied", "computed", "done")  # recorded in this order per b
 Attempt = Callable[[int, str], None]  # records a failed release step, goes on
 
 
+def ignore(ret: int, what: str) -> None:
+    """An `Attempt` that records nothing (a release on a path that is failing already)."""
+
+
 @attrs.define
 class Slot:
     """One input or output of the model as its desc reports it, plus this set's memory."""
@@ -74,9 +78,9 @@ class BufferSet:
     def allocate(self, acl: Any, model: str) -> None:
         """Make the stream, events, datasets, device buffers and host staging."""
         rt = acl.rt
-        self.stream = _value(acl, rt.create_stream(), f"{model}: rt.create_stream")
+        self.stream = value_of(acl, rt.create_stream(), f"{model}: rt.create_stream")
         for name in EVENTS:
-            self.events[name] = _value(acl, rt.create_event(), f"{model}: rt.create_event")
+            self.events[name] = value_of(acl, rt.create_event(), f"{model}: rt.create_event")
         self.in_dataset = _dataset(acl, model)
         _fill(acl, model, self.in_dataset, self.in_slots, "input")
         self.out_dataset = _dataset(acl, model)
@@ -84,7 +88,7 @@ class BufferSet:
         staged = [s for s, on in zip(self.in_slots, self.staged, strict=True) if on]
         for slot in (*staged, *self.out_slots):
             what = f"{model}: rt.malloc_host({slot.size}) for {slot.name!r}"
-            slot.host_ptr = _value(acl, rt.malloc_host(slot.size), what)
+            slot.host_ptr = value_of(acl, rt.malloc_host(slot.size), what)
             raw = (ctypes.c_uint8 * slot.size).from_address(slot.host_ptr)
             slot.host = np.ctypeslib.as_array(raw)
 
@@ -133,7 +137,8 @@ def set_bytes(in_slots: Sequence[Slot], out_slots: Sequence[Slot]) -> int:
     return sum(s.size for s in (*in_slots, *out_slots))
 
 
-def _value(acl: Any, result: tuple[Any, int], what: str) -> Any:
+def value_of(acl: Any, result: tuple[Any, int], what: str) -> Any:
+    """The value of a pyACL call that returns (value, ret), `ret` checked."""
     value, ret = result
     check(acl, ret, what)
     return value
@@ -153,10 +158,10 @@ def _fill(acl: Any, model: str, dataset: int, slots: list[Slot], kind: str) -> N
         if slot.size <= 0:
             raise BackendError(f"{model}: {kind} {slot.name!r} has size 0")
         what = f"{model}: rt.malloc({slot.size}) for {kind} {slot.name!r}"
-        slot.ptr = _value(acl, rt.malloc(slot.size, ACL_MEM_MALLOC_HUGE_FIRST), what)
+        slot.ptr = value_of(acl, rt.malloc(slot.size, ACL_MEM_MALLOC_HUGE_FIRST), what)
         slot.buffer = acl.create_data_buffer(slot.ptr, slot.size)
         if not slot.buffer:
             raise null_error(acl, f"{model}: create_data_buffer ({kind} {i})")
-        _value(
+        value_of(
             acl, mdl.add_dataset_buffer(dataset, slot.buffer), f"{model}: mdl.add_dataset_buffer"
         )

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from inferchain.backends.acl_api import ACL_SUCCESS, check
-from inferchain.backends.acl_buffers import Attempt
+from inferchain.backends.acl_buffers import Attempt, ignore, value_of
 
 ANCHOR_S = 60.0  # seconds between two recordings of the epoch
 
@@ -39,13 +39,12 @@ class DeviceClock:
         time events (no `rt.event_elapsed_time`)."""
         if getattr(acl.rt, "event_elapsed_time", None) is None:
             return None
-        event, ret = acl.rt.create_event()
-        check(acl, ret, f"{model}: rt.create_event (the device clock)")
+        event = value_of(acl, acl.rt.create_event(), f"{model}: rt.create_event (the device clock)")
         clock = cls(acl, model, event)
         try:
             clock.anchor(stream)
         except BaseException:
-            clock.release(lambda ret, what: None)
+            clock.release(ignore)
             raise
         return clock
 

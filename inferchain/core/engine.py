@@ -516,10 +516,7 @@ class ExecutionEngine:
         ended, then the sequence layer's steppers. True when that gave the loop more to do
         (the next step batches are in the inbox)."""
         for request in listening:
-            try:
-                request.notify_listeners()
-            except Exception:  # one listener's bug must not strand the others, nor the steps
-                log_safely(log.exception, "done_listener_failed", request_id=request.id)
+            request.notify_listeners()  # a listener's bug strands neither the others nor steps
         works = self._sequences.after(landed, time.perf_counter())
         for work in works:
             self._take_in(work, refuse=False)

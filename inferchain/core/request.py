@@ -256,11 +256,15 @@ class Request:
 
     def notify_listeners(self) -> None:
         """Run the done-listeners of a terminal request, once (the engine calls it after its
-        step for the requests it ended: no user code runs under its lock)."""
+        step for the requests it ended: no user code runs under its lock). A listener that
+        raises is logged (`done_listener_failed`); the others still run."""
         listeners, self._listeners = self._listeners, None
         if listeners:
             for fn in listeners:
-                fn(self)
+                try:
+                    fn(self)
+                except Exception:  # one listener's bug must not strand the others
+                    log_safely(log.exception, "done_listener_failed", request_id=self.id)
 
     def add_done_listener(self, fn: Callable[[Request], None]) -> None:
         """Call `fn(request)` once it is terminal (at once if it already is).

@@ -343,8 +343,7 @@ class ModelWorker:
                         self.session.run(feed, self.model.batch_rows)
             if item.device_state and self.pool is not None:
                 self.state_on_device = self._open_state()
-            if self.session is not None:  # the warm-up's and probe's runs are no batch's
-                self.session.take_device_spans()
+            self.session.take_device_spans()  # the warm-up's and probe's runs are no batch's
         except Exception as e:
             self._init_error = _startup_error(e)
         finally:

@@ -26,9 +26,25 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
+def _complete(
+    name: str, cat: str, tid: int, start_s: float, end_s: float, args: dict[str, Any]
+) -> dict[str, Any]:
+    """A complete ("X") event from `start_s` to `end_s` (seconds after the trace's origin);
+    each end is rounded alone, so that slices on a track never overlap."""
+    start = _us(start_s)
+    return {
+        "name": name,
+        "cat": cat,
+        "ph": "X",
+        "pid": PID,
+        "tid": tid,
+        "ts": start,
+        "dur": max(_us(end_s) - start, 0.0),
+        "args": args,
+    }
+
+
 def _slice(batch: BatchTiming, tid: int, origin: float) -> dict[str, Any]:
-    start = _us(batch.picked - origin)
-    end = _us(batch.end - origin)  # rounded alone so that slices on a track never overlap
     args: dict[str, Any] = {
         "model": batch.model,
         "worker": batch.worker,
@@ -44,16 +60,9 @@ def _slice(batch: BatchTiming, tid: int, origin: float) -> dict[str, Any]:
     if batch.steps:  # a step batch of a stateful model's sequences
         args["steps"] = batch.steps
         steps = f" ({batch.steps} steps)" if batch.steps != batch.size else " steps"
-    return {
-        "name": f"{batch.model} x{batch.size}{steps}" + ("" if batch.ok else " (failed)"),
-        "cat": "batch" if batch.ok else "batch,error",
-        "ph": "X",
-        "pid": PID,
-        "tid": tid,
-        "ts": start,
-        "dur": max(end - start, 0.0),
-        "args": args,
-    }
+    name = f"{batch.model} x{batch.size}{steps}" + ("" if batch.ok else " (failed)")
+    cat = "batch" if batch.ok else "batch,error"
+    return _complete(name, cat, tid, batch.picked - origin, batch.end - origin, args)
 
 
 def _metadata(name: str, tid: int, value: object, key: str = "name") -> dict[str, Any]:
@@ -97,31 +106,16 @@ def chrome_trace(
 def _device_slice(
     batch: BatchTiming, span: tuple[float, float], tid: int, origin: float
 ) -> dict[str, Any]:
-    start = _us(span[0] - origin)
-    return {
-        "name": f"{batch.model} x{batch.size} on the device",
-        "cat": "device",
-        "ph": "X",
-        "pid": PID,
-        "tid": tid,
-        "ts": start,
-        "dur": max(_us(span[1] - origin) - start, 0.0),
-        "args": {"worker": batch.worker, "stream": batch.stream, "batch_size": batch.size},
-    }
+    args = {"worker": batch.worker, "stream": batch.stream, "batch_size": batch.size}
+    name = f"{batch.model} x{batch.size} on the device"
+    return _complete(name, "device", tid, span[0] - origin, span[1] - origin, args)
 
 
 def _host_slice(step: HostStep, tid: int, origin: float) -> dict[str, Any]:
-    start = _us(step.start - origin)
-    return {
-        "name": f"item {step.index}",
-        "cat": "host",
-        "ph": "X",
-        "pid": PID,
-        "tid": tid,
-        "ts": start,
-        "dur": max(_us(step.end - origin) - start, 0.0),
-        "args": {"item": step.index},
-    }
+    args = {"item": step.index}
+    return _complete(
+        f"item {step.index}", "host", tid, step.start - origin, step.end - origin, args
+    )
 
 
 def write_trace(
