@@ -15,7 +15,7 @@ import copy
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -256,6 +256,17 @@ class ModelMetrics:
                  timing.ok)  # fmt: skip
         self._record(timing, submitted, stamp, steps)
 
+    def record_runs(
+        self, timings: Sequence[BatchTiming], submitted: float, admitted: float
+    ) -> None:
+        """Count batches of one Work's rows that ran one after the other, each sent as it
+        started (the engine's run-now stretch), under one lock section."""
+        with self._lock:
+            for t in timings:
+                sent = t.picked
+                self._count(t, submitted, (t.size, submitted, admitted, sent, sent, t.end, t.ok),
+                            None)  # fmt: skip
+
     def _record(
         self,
         timing: BatchTiming,
@@ -263,33 +274,44 @@ class ModelMetrics:
         stamps: _Stamp | list[_Stamp],
         steps: StepRows | None,
     ) -> None:
+        with self._lock:
+            self._count(timing, first, stamps, steps)
+
+    def _count(
+        self,
+        timing: BatchTiming,
+        first: float,
+        stamps: _Stamp | list[_Stamp],
+        steps: StepRows | None,
+    ) -> None:
+        """One finished batch into the counters, the stamps and the timeline (under
+        `_lock`): every path that records a batch comes here."""
         n = timing.size
         ok = timing.ok
         end = timing.end
-        with self._lock:
-            self.batch_sizes[n] += 1
-            if ok:
-                self.requests += n
-            else:
-                self.errors += n
-            if self.first_submit is None or first < self.first_submit:
-                self.first_submit = first
-            self.last_done = end
-            if isinstance(stamps, list):
-                self._slices.extend(stamps)
-            else:
-                self._slices.append(stamps)
-            self.timeline.append(timing)
-            clock = self.busy.get(timing.worker)
-            if clock is None:
-                clock = self.busy[timing.worker] = BusyClock()
-            clock.add(timing.picked, end, n, timing.device)
-            if timing.elements:
-                self.elements += timing.elements
-                self.padded += timing.padded
-            if timing.steps and ok:
-                self.steps += timing.steps
-                self.step_batches += 1 if steps is None else steps.count  # model runs
+        self.batch_sizes[n] += 1
+        if ok:
+            self.requests += n
+        else:
+            self.errors += n
+        if self.first_submit is None or first < self.first_submit:
+            self.first_submit = first
+        self.last_done = end
+        if isinstance(stamps, list):
+            self._slices.extend(stamps)
+        else:
+            self._slices.append(stamps)
+        self.timeline.append(timing)
+        clock = self.busy.get(timing.worker)
+        if clock is None:
+            clock = self.busy[timing.worker] = BusyClock()
+        clock.add(timing.picked, end, n, timing.device)
+        if timing.elements:
+            self.elements += timing.elements
+            self.padded += timing.padded
+        if timing.steps and ok:
+            self.steps += timing.steps
+            self.step_batches += 1 if steps is None else steps.count  # model runs
 
     def samples(self) -> dict[str, np.ndarray]:
         """Seconds per stage (`end_to_end` included), the latest samples of each."""

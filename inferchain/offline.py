@@ -516,11 +516,9 @@ class OfflineInference:
         stream = self._in_flight_works(
             model, inputs, ordered, max_in_flight, priority, on_error=on_error
         )
+        raising = on_error == "raise"
         for work in stream:
-            for result in work.items():
-                if isinstance(result, BaseException) and on_error == "raise":
-                    raise result
-                yield result
+            yield from work.items(raising)
 
     def map_batches(
         self,

@@ -61,7 +61,7 @@ from inferchain.errors import (
     RequestTimeout,
 )
 from inferchain.logs import get_logger, log_safely
-from inferchain.metrics import Metrics
+from inferchain.metrics import Metrics, ModelMetrics
 from inferchain.shapes import ShapeKey, ShapePolicy, crop_rows, envelope
 
 if TYPE_CHECKING:  # the engine reads a worker's surface only: no backend is imported
@@ -224,8 +224,9 @@ class ExecutionEngine:
         (nothing waiting or ready, a worker with nothing in flight) and its sessions may
         run on any thread; with `short_only`, only where the model's batches are shorter
         than a thread hand-off is worth (`INLINE_S`). Its batches are cut and ended as
-        the loop's are; as soon as other work for the model arrives, the rows left go to
-        the model's batcher like any admitted work.
+        the loop's are (a work whose rows the session takes as they are runs them in one
+        stretch, `_run_stretch`); as soon as other work for the model arrives, the rows
+        left go to the model's batcher like any admitted work.
 
         False: nothing was done (submit the work). True: it has finished, or its waiter is
         armed and the loop finishes it (`work.wait()`)."""
@@ -243,10 +244,14 @@ class ExecutionEngine:
                 return False
             self._register(work)
             self._inlined.add(work)
-            batch = self._cut(model, worker, work)
+            stretch = self._stretches(model, worker, work)
+            batch = None if stretch else self._cut(model, worker, work)
         pending = True
         try:
-            pending = self._run_here(work, model, worker, batch, short_only)
+            if batch is None:
+                pending = self._run_stretch(work, model, worker, short_only)
+            else:
+                pending = self._run_here(work, model, worker, batch, short_only)
         finally:
             if work in self._inlined:  # _run_here raised
                 with self._lock:
@@ -382,28 +387,148 @@ class ExecutionEngine:
     ) -> bool:
         """run_now's batches from `batch` on; True when the loop has something to do after
         them. Ends with `work` out of `_inlined`."""
-        assert self._scheduler is not None
         while True:
             result = self._run_inline(worker, batch)
             with self._lock:
                 self._on_result(result)
-                if work.cancelled and not work.done:
-                    cancelled = RequestCancelled(f"work {work.id} ({work.model}) was cancelled")
-                    self._drop_rows(work, cancelled, S.CANCELLED)
-                if work.done:
-                    self._inlined.discard(work)
-                    return self._pending(model)
-                if (
-                    self._submitted
-                    or model.batcher.num_ready
-                    or not (worker.healthy and model.idle(worker))
-                    or (short_only and model.batch_s[worker.index] > INLINE_S)
-                ):  # the loop takes over: the rows left join the batcher
-                    work.arm()
-                    model.batcher.add(work)
-                    self._inlined.discard(work)
-                    return True
+                verdict = self._after_here(work, model, worker, short_only)
+                if verdict is not None:
+                    return verdict
                 batch = self._cut(model, worker, work)
+
+    def _after_here(
+        self,
+        work: Work,
+        model: WorkerSet,
+        worker: ModelWorker,
+        short_only: bool,
+        hand_over: bool = False,
+    ) -> bool | None:
+        """Under `_lock`, after run_now ran rows of `work` here: None where it may go on
+        here; else what `_run_here` returns, with `work` out of `_inlined` (finished, or
+        its rows left in the model's batcher, the loop's now; always so with `hand_over`)."""
+        if work.cancelled and not work.done:
+            cancelled = RequestCancelled(f"work {work.id} ({work.model}) was cancelled")
+            self._drop_rows(work, cancelled, S.CANCELLED)
+        if work.done:
+            self._inlined.discard(work)
+            return self._pending(model)
+        if (
+            hand_over
+            or self._submitted
+            or model.batcher.num_ready
+            or not (worker.healthy and model.idle(worker))
+            or (short_only and model.batch_s[worker.index] > INLINE_S)
+        ):  # the loop takes over: the rows left join the batcher
+            work.arm()
+            model.batcher.add(work)
+            self._inlined.discard(work)
+            return True
+        return None
+
+    def _stretches(self, model: WorkerSet, worker: ModelWorker, work: Work) -> bool:
+        """run_now runs `work` in stretches (`_run_stretch`): its session takes the rows as
+        they are (`takes_items`: no buffer, no layout) at its own shapes (no padding, no
+        crop) and runs a batch in one call (`at_once`), and no batch log line is asked
+        for."""
+        return (
+            worker.takes_items
+            and worker.at_once
+            and work.batched
+            and work.exact == work.shape_key
+            and not model.crops
+            and not log.enabled(logging.INFO)
+        )
+
+    def _run_stretch(
+        self, work: Work, model: WorkerSet, worker: ModelWorker, short_only: bool
+    ) -> bool:
+        """run_now's batches of a work that `_stretches`: one stretch of batches after
+        another on one stream, each row range fed as a view and its outputs kept as they
+        came, without batch records; one lock section per stretch, where the metrics take
+        its batches together. A stretch ends where run_now would hand over after a batch
+        (other work arrived, a cancel, a long batch: read without the lock, decided under
+        it by `_after_here`) or at a failed run, which ends as the loop's failed batch does
+        and hands the rows after it to the loop. What `_run_here` returns."""
+        batcher, submitted, rows = model.batcher, self._submitted, work.rows
+        size, inputs, key = batcher.max_rows, work.inputs, work.shape_key
+        (first, *more) = inputs
+        metrics = self._metrics.models[work.model]
+        run, pieces = worker.run_item, work.pieces
+        start = 0
+        with self._lock:
+            stream = model.take_stream(worker)
+            work.start()
+            work.taken = rows  # a cancel the loop takes leaves the rows to the stretch
+        while True:
+            runs: list[tuple[int, float, float]] = []  # (rows, run start, run end) each
+            failed: tuple[Batch, float, Exception] | None = None
+            try:
+                while start < rows:
+                    stop = min(rows, start + size)
+                    feed = [a[start:stop] for a in inputs] if more else [first[start:stop]]
+                    value, run_start, run_end = run(feed, stream, stop - start)
+                    if isinstance(value, Exception):
+                        taken = (Slice(work, start, stop, 0),)
+                        batch = Batch(work.model, worker.index, stream, taken, stop - start, key,
+                                      run_start)  # fmt: skip
+                        failed = batch, run_start, value
+                        break
+                    pieces.append((start, stop, value))
+                    runs.append((stop - start, run_start, run_end))
+                    start = stop
+                    if (
+                        submitted
+                        or batcher.num_ready
+                        or work.cancelled
+                        or (short_only and run_end - run_start > INLINE_S)
+                    ):
+                        break
+                result = None
+                if failed is not None:
+                    batch, run_start, error = failed
+                    result = worker.failed_inline(batch, run_start, run_start, error)
+            except BaseException:  # e.g. KeyboardInterrupt: end the work, then re-raise
+                with self._lock:
+                    self._stretch_ran(work, model, worker, stream, start, runs, metrics)
+                    interrupted = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
+                    self._drop_rows(work, interrupted, S.CANCELLED)
+                raise
+            with self._lock:
+                if result is None:
+                    self._stretch_ran(work, model, worker, stream, start, runs, metrics)
+                else:  # the failed batch gives the stream back and ends its rows
+                    self._stretch_ran(work, model, worker, None, start, runs, metrics)
+                    work.taken = result.batch.slices[0].stop
+                    self._on_result(result)
+                verdict = self._after_here(work, model, worker, short_only, result is not None)
+                if verdict is not None:
+                    return verdict
+                stream = model.take_stream(worker)
+                work.taken = rows
+
+    def _stretch_ran(
+        self,
+        work: Work,
+        model: WorkerSet,
+        worker: ModelWorker,
+        stream: int | None,
+        ran: int,
+        runs: list[tuple[int, float, float]],
+        metrics: ModelMetrics,
+    ) -> None:
+        """Under `_lock`: a stretch ran the rows of `work` up to `ran` in `runs` (rows, run
+        start, run end each); count its batches, give the stream back (unless None) and
+        finish the work once every row has ended."""
+        if runs:
+            timings = worker.run_timings(work.shape_key, 0 if stream is None else stream, runs)
+            metrics.record_runs(timings, work.submitted, work.admitted or runs[0][1])
+        if stream is not None:
+            wall = (runs[-1][2] - runs[0][1]) / len(runs) if runs else 0.0
+            model.give_back_stream(worker.index, stream, wall)
+        work.taken = work.ended = ran
+        if ran >= work.rows:
+            self._finish(work)
 
     def _run_inline(self, worker: ModelWorker, batch: Batch) -> BatchResult:
         try:

@@ -24,6 +24,7 @@ Everything else is set at construction and never changes.
 from __future__ import annotations
 
 import inspect
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
@@ -65,16 +66,14 @@ def row_outputs(
     names: tuple[str, ...], pieces: tuple[np.ndarray, ...], batched: bool
 ) -> Iterator[Outputs]:
     """Each row's outputs (name -> a view of its row) of one range of output `pieces`; an
-    unbatched Work's one result as it is."""
+    unbatched Work's one result as it is. An iterator of its own (not a generator): a
+    caller's `yield from` runs it without a frame of this function per row."""
     if not batched:
-        yield dict(zip(names, pieces, strict=True))
-    elif len(names) == 1:
+        return iter((dict(zip(names, pieces, strict=True)),))
+    if len(names) == 1:
         name = names[0]
-        for row in pieces[0]:
-            yield {name: row}
-    else:
-        for row in zip(*pieces, strict=True):
-            yield dict(zip(names, row, strict=True))
+        return ({name: row} for row in pieces[0])
+    return (dict(zip(names, row, strict=True)) for row in zip(*pieces, strict=True))
 
 
 class Work:
@@ -348,22 +347,27 @@ class Work:
                 return {n: a[i] for n, a in zip(self.names, value, strict=True)}
         return RequestCancelled(f"row {row} of work {self.id} ({self.model}) never ran")
 
-    def items(self) -> Iterator[Outputs | BaseException]:
-        """Every row's outputs or error, in row order (after wait)."""
+    def items(self, raising: bool = False) -> Iterator[Outputs | BaseException]:
+        """Every row's outputs or error, in row order (after wait); with `raising`, a
+        failed row's error is raised at its turn instead."""
         for start, stop, value in self.pieces:
-            if isinstance(value, BaseException):
-                for _ in range(start, stop):
-                    yield value
-            else:
+            if not isinstance(value, BaseException):
                 yield from row_outputs(self.names, value, self.batched)
+            elif raising:
+                raise value
+            else:
+                yield from itertools.repeat(value, stop - start)
 
     def arrays(self) -> Sequence[tuple[int, int, dict[str, np.ndarray] | BaseException]]:
         """Results by row range (start, stop, name -> rows or error), in row order."""
+        names = self.names
+        if len(names) == 1:  # the common case, without a zip per range
+            (name,) = names
+            return [
+                (start, stop, v if isinstance(v, BaseException) else {name: v[0]})
+                for start, stop, v in self.pieces
+            ]
         return [
-            (
-                start,
-                stop,
-                v if isinstance(v, BaseException) else dict(zip(self.names, v, strict=True)),
-            )
+            (start, stop, v if isinstance(v, BaseException) else dict(zip(names, v, strict=True)))
             for start, stop, v in self.pieces
         ]

@@ -138,6 +138,9 @@ class ModelWorker:
         self.shapes: ShapePolicy | None = None  # set by prepare(), before the first batch
         self.pool: StatePool | None = None  # a stateful model's lanes: carried outputs go there
         self.state_on_device = False  # ... or into the session's device slots (prepare())
+        # the session runs a batch in one call (`Session.run`, no launch ahead of collect)
+        # and times neither stages nor its device: `run_timings` may time its batches
+        self.at_once = False
         self._backend = backend
         self._device = device
         self._outbox = outbox
@@ -208,20 +211,23 @@ class ModelWorker:
         return self.pool is None and self._buffers is not None and self._buffers.plain
 
     def run_item(
-        self, feed: list[np.ndarray], stream: int
+        self, feed: list[np.ndarray], stream: int, rows: int = 1
     ) -> tuple[tuple[np.ndarray, ...] | Exception, float, float]:
-        """Run a batch of one row, `feed` (the session's inputs, one row each), on the
-        calling thread, for the engine's one-item lane (on a worker it reserved, with a
-        session any thread may use): its outputs (their rows checked as every batch's) or
-        the exception the run raised (`failed_inline` handles it as the loop's), and when
-        the run started and ended."""
+        """Run a batch of `rows` rows, `feed` (the session's inputs as they are, rows on
+        axis 0), on the calling thread, for the engine's one-item lane and run-now stretch
+        (on a worker it reserved, with a session any thread may use: `takes_items`): its
+        outputs (their rows checked as every batch's) or the exception the run raised
+        (`failed_inline` handles it as the loop's), and when the run started and ended."""
         session = self.session
         run_start = time.perf_counter()
         try:
             if session is None:
                 raise BackendError(f"{self.name} has no loaded model (it failed to re-initialise)")
-            session.launch(feed, 1, stream)
-            outputs = self._outputs(session.collect(stream), 1)
+            if self.at_once:
+                outputs = self._outputs(session.run(feed, rows), rows)
+            else:
+                session.launch(feed, rows, stream)
+                outputs = self._outputs(session.collect(stream), rows)
         except Exception as e:
             return e, run_start, time.perf_counter()
         self.consecutive_failures = 0
@@ -239,12 +245,36 @@ class ModelWorker:
         return result
 
     def item_timing(
-        self, key: ShapeKey, stream: int, picked: float, run_start: float, run_end: float
+        self,
+        key: ShapeKey,
+        stream: int,
+        picked: float,
+        run_start: float,
+        run_end: float,
+        rows: int = 1,
     ) -> BatchTiming:
-        """The timing record of the one-item lane's batch of one row of item shapes `key`."""
+        """The timing record of a `run_item` batch of `rows` rows of item shapes `key`."""
         return self._timing_of(
-            self.model.name, key, 1, stream, picked, run_start, run_end, self._padding(key, 1)
-        )
+            self.model.name, key, rows, stream, picked, run_start, run_end,
+            self._padding(key, rows),
+        )  # fmt: skip
+
+    def run_timings(
+        self, key: ShapeKey, stream: int, runs: Sequence[tuple[int, float, float]]
+    ) -> list[BatchTiming]:
+        """The timing records of `run_item` batches of item shapes `key` on a session that
+        runs `at_once`, from (rows, run start, run end) each: the engine's run-now stretch
+        times its batches so and makes their records once it has run them."""
+        model, name = self.model.name, self.name
+        elements: dict[int, tuple[int, int]] = {}
+        timings = []
+        for rows, start, end in runs:
+            counted = elements.get(rows)
+            if counted is None:
+                counted = elements[rows] = self._padding(key, rows)
+            timings.append(BatchTiming(model, name, rows, key, True, start, start, end, end,
+                                       NO_STAGES, stream, 0, *counted))  # fmt: skip
+        return timings
 
     def stop(self) -> None:
         """Finish the queued batches, then release the session on the worker thread."""
@@ -304,6 +334,12 @@ class ModelWorker:
     def _init(self) -> None:
         session = self._backend.load(self.model, self._device)
         self.session = session
+        kind = type(session)
+        self.at_once = (  # see `at_once` in __init__
+            kind.launch is Session.launch
+            and kind.collect is Session.collect
+            and kind.take_device_spans is Session.take_device_spans
+        )
         layout = Layout.of(self.model, session.inputs, session.outputs)
         limit = session.max_batch_size
         if self._batching and limit is not None and self.model.max_batch_size > limit:

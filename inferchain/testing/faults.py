@@ -44,9 +44,6 @@ class FaultySession(Session):
     def padded_rows(self, rows: int) -> int:
         return self._inner.padded_rows(rows)
 
-    def take_device_spans(self) -> tuple[tuple[float, float], ...]:
-        return self._inner.take_device_spans()
-
     def close(self) -> None:
         self._owner.count("close")
         self._inner.close()
