@@ -76,6 +76,12 @@ def row_outputs(
     return (dict(zip(names, row, strict=True)) for row in zip(*pieces, strict=True))
 
 
+def _raising(error: BaseException) -> Iterator[Outputs]:
+    """An iterator that raises `error` at its first item."""
+    raise error
+    yield  # a generator: it raises when iterated, not when made
+
+
 class Work:
     """`rows` items of one model with one shape key; see the module docstring."""
 
@@ -349,14 +355,17 @@ class Work:
 
     def items(self, raising: bool = False) -> Iterator[Outputs | BaseException]:
         """Every row's outputs or error, in row order (after wait); with `raising`, a
-        failed row's error is raised at its turn instead."""
-        for start, stop, value in self.pieces:
-            if not isinstance(value, BaseException):
-                yield from row_outputs(self.names, value, self.batched)
-            elif raising:
-                raise value
-            else:
-                yield from itertools.repeat(value, stop - start)
+        failed row's error is raised at its turn instead. Chained iterators: no frame of
+        this method's per row."""
+        return itertools.chain.from_iterable(self._range(p, raising) for p in self.pieces)
+
+    def _range(self, piece: Piece, raising: bool) -> Iterator[Outputs | BaseException]:
+        start, stop, value = piece
+        if not isinstance(value, BaseException):
+            return row_outputs(self.names, value, self.batched)
+        if raising:
+            return _raising(value)
+        return itertools.repeat(value, stop - start)
 
     def arrays(self) -> Sequence[tuple[int, int, dict[str, np.ndarray] | BaseException]]:
         """Results by row range (start, stop, name -> rows or error), in row order."""
