@@ -254,7 +254,8 @@ class ModelMetrics:
         of a Work, or the engine's one-item lane)."""
         stamp = (timing.size, submitted, admitted, sent, max(timing.picked, sent), timing.end,
                  timing.ok)  # fmt: skip
-        self._record(timing, submitted, stamp, steps)
+        with self._lock:
+            self._count(timing, submitted, stamp, steps)
 
     def record_runs(
         self, timings: Sequence[BatchTiming], submitted: float, admitted: float

@@ -99,7 +99,8 @@ class ExecutionEngine:
         # thread-shared counters, each under its condition
         self._space = threading.Condition()  # guards _queued; full queues wait here
         self._queued = 0  # rows submitted, not yet admitted nor dropped
-        self._drained = threading.Condition()  # guards _outstanding
+        self._drains = threading.Lock()  # guards _outstanding (taken as is on hot paths)
+        self._drained = threading.Condition(self._drains)  # ... and wait_all waits on it
         self._outstanding = 0  # works submitted, not yet finished
         self._recovering = 0  # workers re-initialising after failures
         self.live: dict[int, Request] = {}  # requests not yet terminal, by id
@@ -292,9 +293,9 @@ class ExecutionEngine:
             if not self._scheduler.admit_rows(model, 1, nbytes):
                 return None
             stream = models.take_stream(worker)
-            self._enter()
-            self._items += 1
             sent = time.perf_counter()
+            self._enter(sent)
+            self._items += 1
         held = True  # the item holds its stream, admission and place until they are freed
         try:
             value, run_start, run_end = worker.run_item(feed, stream)
@@ -307,7 +308,7 @@ class ExecutionEngine:
                 held = False
                 models.give_back_stream(worker.index, stream, timing.end - sent)
                 self._metrics.models[model].record_rows(timing, submitted, sent, sent)
-                pending = self._end_item(models, nbytes)
+                pending = self._end_item(models, nbytes, timing.end)
         finally:
             if held:  # e.g. KeyboardInterrupt: free what the item held, then re-raise
                 with self._lock:
@@ -317,13 +318,14 @@ class ExecutionEngine:
             self.wake()
         return value
 
-    def _end_item(self, models: WorkerSet, nbytes: int) -> bool:
-        """A lane item ended (under `_lock`): free its admission and its place; True when
-        the loop has something to do after it (work that waited for the worker)."""
+    def _end_item(self, models: WorkerSet, nbytes: int, now: float | None = None) -> bool:
+        """A lane item ended (under `_lock`, at `now` if given): free its admission and its
+        place; True when the loop has something to do after it (work that waited for the
+        worker)."""
         assert self._scheduler is not None
         self._scheduler.release_rows(models.name, 1, nbytes)
         self._items -= 1
-        self._leave()
+        self._leave(now)
         self._tell_closer()
         return self._pending(models)
 
@@ -941,18 +943,19 @@ class ExecutionEngine:
             self._landed.append(work)
         self._leave()
 
-    def _enter(self) -> None:
-        """One more work (or lane item) in flight, until `_leave`."""
-        with self._drained:
+    def _enter(self, now: float | None = None) -> None:
+        """One more work (or lane item) in flight, until `_leave` (`now`: a stamp the
+        caller took already)."""
+        with self._drains:  # the condition's lock itself: no Python frame of a Condition's
             self._outstanding += 1
             if self._outstanding == 1:  # the engine has something in flight again
-                self._metrics.engine_activity.enter()
+                self._metrics.engine_activity.enter(now)
 
-    def _leave(self) -> None:
-        with self._drained:
+    def _leave(self, now: float | None = None) -> None:
+        with self._drains:
             self._outstanding -= 1
             if self._outstanding == 0:
-                self._metrics.engine_activity.leave()
+                self._metrics.engine_activity.leave(now)
                 self._drained.notify_all()
 
     # -- thread-shared counters -----------------------------------------------------------

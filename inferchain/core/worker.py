@@ -151,6 +151,8 @@ class ModelWorker:
         # what `collect` returns and where each keeps its rows (checked on every batch)
         self._returned: tuple[tuple[TensorDesc, ...], tuple[int, ...]] = ((), ())
         self._rows_first = True  # every output keeps its rows on axis 0
+        # ... and the session returns new arrays of exactly the rows asked for (checked)
+        self._plain_rows = False
         self.probed: OutputProbe | None = None  # the real output shapes (prepare with probe)
         self._sizes: dict[ShapeKey, int] = {}  # elements of one row, per item shape key
         self._layout: Layout | None = None
@@ -254,6 +256,10 @@ class ModelWorker:
         rows: int = 1,
     ) -> BatchTiming:
         """The timing record of a `run_item` batch of `rows` rows of item shapes `key`."""
+        if self.at_once:  # nothing to ask the session
+            end = time.perf_counter()
+            return self._run_timing(key, stream, rows, picked, max(run_start, picked), run_end,
+                                    end, self._padding(key, rows))  # fmt: skip
         return self._timing_of(
             self.model.name, key, rows, stream, picked, run_start, run_end,
             self._padding(key, rows),
@@ -265,16 +271,29 @@ class ModelWorker:
         """The timing records of `run_item` batches of item shapes `key` on a session that
         runs `at_once`, from (rows, run start, run end) each: the engine's run-now stretch
         times its batches so and makes their records once it has run them."""
-        model, name = self.model.name, self.name
         elements: dict[int, tuple[int, int]] = {}
         timings = []
         for rows, start, end in runs:
             counted = elements.get(rows)
             if counted is None:
                 counted = elements[rows] = self._padding(key, rows)
-            timings.append(BatchTiming(model, name, rows, key, True, start, start, end, end,
-                                       NO_STAGES, stream, 0, *counted))  # fmt: skip
+            timings.append(self._run_timing(key, stream, rows, start, start, end, end, counted))
         return timings
+
+    def _run_timing(
+        self,
+        key: ShapeKey,
+        stream: int,
+        rows: int,
+        picked: float,
+        start: float,
+        end: float,
+        posted: float,
+        elements: tuple[int, int],
+    ) -> BatchTiming:
+        """A finished batch's timing record on a session that runs `at_once`."""
+        return BatchTiming(self.model.name, self.name, rows, key, True, picked, start, end,
+                           posted, NO_STAGES, stream, 0, *elements)  # fmt: skip
 
     def stop(self) -> None:
         """Finish the queued batches, then release the session on the worker thread."""
@@ -339,6 +358,7 @@ class ModelWorker:
             kind.launch is Session.launch
             and kind.collect is Session.collect
             and kind.take_device_spans is Session.take_device_spans
+            and session.last_stages is None
         )
         layout = Layout.of(self.model, session.inputs, session.outputs)
         limit = session.max_batch_size
@@ -354,6 +374,12 @@ class ModelWorker:
         self._moved_outputs = layout.moved_outputs
         self._returned = (session.outputs, layout.outputs)
         self._rows_first = all(a == 0 for a in layout.outputs)
+        self._plain_rows = (
+            self._batching
+            and self._rows_first
+            and not self._moved_outputs
+            and not session.reuses_outputs
+        )
         self._unbatched = bool(layout.unbatched)
         pad = self.shapes.pad_values if self.shapes is not None else 0.0
         self._buffers = HostBuffers(session.inputs, self.model.batch_rows, pad, layout.inputs)
@@ -408,6 +434,7 @@ class ModelWorker:
             axes = tuple(self._layout.outputs[i] for i in kept)
             self._returned = (tuple(self.session.outputs[i] for i in kept), axes)
             self._moved_outputs = tuple((k, a) for k, a in enumerate(axes) if a != 0)
+            self._plain_rows = self._plain_rows and not self._moved_outputs
         return on_device
 
     # -- one batch ------------------------------------------------------------------------
@@ -534,6 +561,12 @@ class ModelWorker:
     def _outputs(self, outputs: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, ...]:
         """The first `n` rows of each output, on axis 0 (a model that does not batch: the
         outputs whole)."""
+        if self._plain_rows:  # the common case, checked in one loop
+            for o in outputs:
+                if o.ndim == 0 or len(o) != n:
+                    break
+            else:
+                return tuple(outputs)
         assert self.session is not None
         if not self._batching:
             return tuple(outputs)
