@@ -16,6 +16,7 @@ from conftest import mlp_recipe as mlp
 
 import inferchain as ic
 from inferchain import RequestState as S
+from inferchain.testing.faults import WorkerKilled
 
 ROWS = 40  # ten batches of the recipe's 4 rows
 WARM = 2  # runs of the warm-up (a batch longer than a thread hand-off is run by the loop)
@@ -114,3 +115,18 @@ def test_work_that_arrives_during_a_stretch_takes_over_the_rows_left(
                                atol=1e-6)  # fmt: skip
     caller_runs = backend.run_threads.count(caller.name)
     assert 2 <= caller_runs < backend.counts["run"]  # the loop's worker ran the rest
+
+
+def test_an_interrupt_in_a_stretch_ends_its_work_and_leaves_the_engine_usable(
+    mlp_path: Path, xs: np.ndarray, no_thread_leak: None
+) -> None:
+    oi, backend = faulty(warm(mlp_path), kill_runs={WARM + 3})  # a BaseException, as ^C
+    with oi:
+        with pytest.raises(WorkerKilled):
+            list(oi.map_batches("m", xs))
+        assert oi.wait_all(timeout=5)  # the work ended: its stream and admission are free
+        m = oi.stats().models["m"]
+        assert (m.requests, m.errors, m.batches) == (8, 4, 3)  # the interrupted one failed
+        assert backend.counts["run"] == WARM + 3
+        np.testing.assert_allclose(oi.infer("m", xs[0])["y"], expected(mlp_path, xs[:1])[0],
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip

@@ -490,11 +490,15 @@ class ExecutionEngine:
                 if failed is not None:
                     batch, run_start, error = failed
                     result = worker.failed_inline(batch, run_start, run_start, error)
-            except BaseException:  # e.g. KeyboardInterrupt: end the work, then re-raise
+            except BaseException as e:  # e.g. KeyboardInterrupt: end the work, then re-raise
+                stop = min(rows, start + size)  # the batch it interrupted
                 with self._lock:
-                    self._stretch_ran(work, model, worker, stream, start, runs, metrics)
-                    interrupted = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
-                    self._drop_rows(work, interrupted, S.CANCELLED)
+                    self._stretch_ran(work, model, worker, None, start, runs, metrics)
+                    work.taken = stop
+                taken = (Slice(work, start, stop, 0),)
+                batch = Batch(work.model, worker.index, stream, taken, stop - start, key,
+                              time.perf_counter())  # fmt: skip
+                self._interrupted(worker, batch, e)
                 raise
             with self._lock:
                 if result is None:
@@ -536,16 +540,22 @@ class ExecutionEngine:
         try:
             return worker.run_inline(batch)
         except BaseException as e:  # e.g. KeyboardInterrupt: end the work, then re-raise
-            end = time.perf_counter()
-            t = batch.dispatched
-            timing = BatchTiming(batch.model, worker.name, batch.rows, batch.shape_key, False,
-                                 t, t, end, end)  # fmt: skip
-            with self._lock:
-                self._on_result(BatchResult(batch, None, e, timing))
-                work = batch.slices[0].work
-                interrupted = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
-                self._drop_rows(work, interrupted, S.CANCELLED)
+            self._interrupted(worker, batch, e)
             raise
+
+    def _interrupted(self, worker: ModelWorker, batch: Batch, error: BaseException) -> None:
+        """A batch run on the caller's thread was interrupted by `error` (no Exception:
+        e.g. KeyboardInterrupt): it ends as a failed batch (its stream given back), and the
+        rows of its work not yet run end CANCELLED."""
+        end = time.perf_counter()
+        t = batch.dispatched
+        timing = BatchTiming(batch.model, worker.name, batch.rows, batch.shape_key, False,
+                             t, t, end, end)  # fmt: skip
+        with self._lock:
+            self._on_result(BatchResult(batch, None, error, timing))
+            work = batch.slices[0].work
+            interrupted = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
+            self._drop_rows(work, interrupted, S.CANCELLED)
 
     def cancel_all(self) -> int:
         """Cancel every request and work not yet running; returns how many requests."""
