@@ -110,6 +110,7 @@ class ExecutionEngine:
         self._inlined: set[Work] = set()  # works running on a caller's thread (run_now)
         self._items = 0  # items running on a caller's thread in the one-item lane
         self._stopping = False
+        self._halted = False  # close() stopped the workers: nothing more is dispatched
         self._closing = False  # close() waits for `_inlined` to empty: tell it when it does
         self._thread = threading.Thread(target=self._loop, name="inferchain-engine", daemon=True)
 
@@ -138,6 +139,8 @@ class ExecutionEngine:
         with self._drained:  # a caller's thread may be running a batch on a session
             self._closing = True
             self._drained.wait_for(lambda: not self._inlined and not self._items)
+        with self._lock:  # no batch goes to a worker after its stop (a step in progress
+            self._halted = True  # has dispatched its batches once the lock is free)
         workers = [w for m in self._models.values() for w in m.workers]
         for w in workers:
             w.stop()
@@ -150,7 +153,20 @@ class ExecutionEngine:
         if self._thread.is_alive():
             self._thread.join()
         self._step_and_after(time.perf_counter())  # anything posted after the loop ended
+        self._drop_undispatched()
         self._callbacks.stop()
+
+    def _drop_undispatched(self) -> None:
+        """At close, after the last step: the rows still in a batcher (none ran, and no
+        worker is left to run them) end CANCELLED."""
+        with self._lock:
+            for model in self._models.values():
+                for work in model.batcher.drain():
+                    closed = Closed(f"work {work.id} ({work.model}): the engine closed first")
+                    self._drop_rows(work, closed, S.CANCELLED)
+        for request in self._listening:
+            request.notify_listeners()
+        self._listening = []
 
     # -- thread-safe surface --------------------------------------------------------------
 
@@ -640,7 +656,7 @@ class ExecutionEngine:
         self._schedule(now)
         self._mark_flushes(flush or (if_stalled and not delivered and self._stalled()))
         for model in self._models.values():
-            if model.batcher.num_ready:
+            if model.batcher.num_ready and not self._halted:
                 next_due = min(next_due, self._dispatch(model, now))
         assert self._scheduler is not None
         next_due = min(next_due, self._scheduler.next_deadline, self._sequences.next_deadline)
