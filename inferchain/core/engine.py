@@ -469,7 +469,7 @@ class ExecutionEngine:
         it by `_after_here`) or at a failed run, which ends as the loop's failed batch does
         and hands the rows after it to the loop. What `_run_here` returns."""
         batcher, submitted, rows = model.batcher, self._submitted, work.rows
-        size, inputs, key = batcher.max_rows, work.inputs, work.shape_key
+        size, inputs = batcher.max_rows, work.inputs
         (first, *more) = inputs
         metrics = self._metrics.models[work.model]
         run, pieces = worker.run_item, work.pieces
@@ -487,9 +487,7 @@ class ExecutionEngine:
                     feed = [a[start:stop] for a in inputs] if more else [first[start:stop]]
                     value, run_start, run_end = run(feed, stream, stop - start)
                     if isinstance(value, Exception):
-                        taken = (Slice(work, start, stop, 0),)
-                        batch = Batch(work.model, worker.index, stream, taken, stop - start, key,
-                                      run_start)  # fmt: skip
+                        batch = self._rows_batch(work, worker, stream, start, stop, run_start)
                         failed = batch, run_start, value
                         break
                     pieces.append((start, stop, value))
@@ -507,14 +505,14 @@ class ExecutionEngine:
                     batch, run_start, error = failed
                     result = worker.failed_inline(batch, run_start, run_start, error)
             except BaseException as e:  # e.g. KeyboardInterrupt: end the work, then re-raise
-                stop = min(rows, start + size)  # the batch it interrupted
+                stop = min(rows, start + size)  # the batch it interrupted, if any
                 with self._lock:
-                    self._stretch_ran(work, model, worker, None, start, runs, metrics)
+                    self._stretch_ran(work, model, worker, stream if stop == start else None,
+                                      start, runs, metrics)  # fmt: skip
                     work.taken = stop
-                taken = (Slice(work, start, stop, 0),)
-                batch = Batch(work.model, worker.index, stream, taken, stop - start, key,
-                              time.perf_counter())  # fmt: skip
-                self._interrupted(worker, batch, e)
+                if stop > start:
+                    batch = self._rows_batch(work, worker, stream, start, stop, time.perf_counter())
+                    self._interrupted(worker, batch, e)
                 raise
             with self._lock:
                 if result is None:
@@ -528,6 +526,14 @@ class ExecutionEngine:
                     return verdict
                 stream = model.take_stream(worker)
                 work.taken = rows
+
+    def _rows_batch(
+        self, work: Work, worker: ModelWorker, stream: int, start: int, stop: int, sent: float
+    ) -> Batch:
+        """The batch record of rows [start, stop) of `work` alone: a stretch makes one only
+        for a batch that must end as the loop's failed batches end."""
+        rows = (Slice(work, start, stop, 0),)
+        return Batch(work.model, worker.index, stream, rows, stop - start, work.shape_key, sent)
 
     def _stretch_ran(
         self,
