@@ -240,7 +240,8 @@ class ModelMetrics:
             for s in batch.slices
         ]
         first = min(s[1] for s in slices) if slices else end
-        self._record(timing, first, slices, batch.slices[0].work.steps)
+        with self._lock:
+            self._count(timing, first, slices, batch.slices[0].work.steps)
 
     def record_rows(
         self,
@@ -267,16 +268,6 @@ class ModelMetrics:
                 sent = t.picked
                 self._count(t, submitted, (t.size, submitted, admitted, sent, sent, t.end, t.ok),
                             None)  # fmt: skip
-
-    def _record(
-        self,
-        timing: BatchTiming,
-        first: float,
-        stamps: _Stamp | list[_Stamp],
-        steps: StepRows | None,
-    ) -> None:
-        with self._lock:
-            self._count(timing, first, stamps, steps)
 
     def _count(
         self,
