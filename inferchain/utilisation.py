@@ -119,20 +119,15 @@ class BusyClock:
     ) -> None:
         self.batches += 1
         self.rows += rows
-        if not device:  # the common case, one span without a loop
-            self._span(picked, end)
-            return
-        self.device_batches += 1
-        for start, stop in device:  # the union of the spans so far
-            self._span(start, stop)
-
-    def _span(self, start: float, stop: float) -> None:
-        last = self.last_end
-        if stop > last:
-            lo = start if start > last else last
-            if stop > lo:
-                self.busy_s += stop - lo
-            self.last_end = stop
+        if device:
+            self.device_batches += 1
+        for start, stop in device or ((picked, end),):  # the union of the spans so far
+            last = self.last_end
+            if stop > last:
+                lo = start if start > last else last
+                if stop > lo:
+                    self.busy_s += stop - lo
+                self.last_end = stop
 
 
 @attrs.frozen

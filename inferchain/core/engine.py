@@ -153,20 +153,7 @@ class ExecutionEngine:
         if self._thread.is_alive():
             self._thread.join()
         self._step_and_after(time.perf_counter())  # anything posted after the loop ended
-        self._drop_undispatched()
         self._callbacks.stop()
-
-    def _drop_undispatched(self) -> None:
-        """At close, after the last step: the rows still in a batcher (none ran, and no
-        worker is left to run them) end CANCELLED."""
-        with self._lock:
-            for model in self._models.values():
-                for work in model.batcher.drain():
-                    closed = Closed(f"work {work.id} ({work.model}): the engine closed first")
-                    self._drop_rows(work, closed, S.CANCELLED)
-        for request in self._listening:
-            request.notify_listeners()
-        self._listening = []
 
     # -- thread-safe surface --------------------------------------------------------------
 
@@ -480,7 +467,7 @@ class ExecutionEngine:
             work.taken = rows  # a cancel the loop takes leaves the rows to the stretch
         while True:
             runs: list[tuple[int, float, float]] = []  # (rows, run start, run end) each
-            failed: tuple[Batch, float, Exception] | None = None
+            result: BatchResult | None = None  # a failed batch's
             try:
                 while start < rows:
                     stop = min(rows, start + size)
@@ -488,7 +475,7 @@ class ExecutionEngine:
                     value, run_start, run_end = run(feed, stream, stop - start)
                     if isinstance(value, Exception):
                         batch = self._rows_batch(work, worker, stream, start, stop, run_start)
-                        failed = batch, run_start, value
+                        result = worker.failed_inline(batch, run_start, run_start, value)
                         break
                     pieces.append((start, stop, value))
                     runs.append((stop - start, run_start, run_end))
@@ -500,10 +487,6 @@ class ExecutionEngine:
                         or (short_only and run_end - run_start > INLINE_S)
                     ):
                         break
-                result = None
-                if failed is not None:
-                    batch, run_start, error = failed
-                    result = worker.failed_inline(batch, run_start, run_start, error)
             except BaseException as e:  # e.g. KeyboardInterrupt: end the work, then re-raise
                 stop = min(rows, start + size)  # the batch it interrupted, if any
                 with self._lock:
@@ -662,7 +645,13 @@ class ExecutionEngine:
         self._schedule(now)
         self._mark_flushes(flush or (if_stalled and not delivered and self._stalled()))
         for model in self._models.values():
-            if model.batcher.num_ready and not self._halted:
+            if not model.batcher.num_ready:
+                continue
+            if self._halted:  # close() stopped the workers: these rows can never run
+                for work in model.batcher.drain():
+                    closed = Closed(f"work {work.id} ({work.model}): the engine closed first")
+                    self._drop_rows(work, closed, S.CANCELLED)
+            else:
                 next_due = min(next_due, self._dispatch(model, now))
         assert self._scheduler is not None
         next_due = min(next_due, self._scheduler.next_deadline, self._sequences.next_deadline)

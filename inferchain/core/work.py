@@ -370,12 +370,6 @@ class Work:
     def arrays(self) -> Sequence[tuple[int, int, dict[str, np.ndarray] | BaseException]]:
         """Results by row range (start, stop, name -> rows or error), in row order."""
         names = self.names
-        if len(names) == 1:  # the common case, without a zip per range
-            (name,) = names
-            return [
-                (start, stop, v if isinstance(v, BaseException) else {name: v[0]})
-                for start, stop, v in self.pieces
-            ]
         return [
             (start, stop, v if isinstance(v, BaseException) else dict(zip(names, v, strict=True)))
             for start, stop, v in self.pieces
