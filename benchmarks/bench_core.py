@@ -47,7 +47,7 @@ from counting import CallCounter, Calls, objects_kept
 
 import inferchain as ic
 from inferchain.config import Recipe
-from inferchain.core.records import BatchTiming
+from inferchain.core.records import RunTiming
 from inferchain.metrics import ModelMetrics
 from inferchain.testing.onnx_models import write_mlp64
 
@@ -367,10 +367,10 @@ def _extra_call() -> None:
     """One Python call of framework work, made `--inject-calls` times per row."""
 
 
-def _counted_slowly(self: ModelMetrics, timing: BatchTiming, *args: Any) -> None:
-    """`ModelMetrics._count` with the deliberate regression before it: counted as the
+def _counted_slowly(self: ModelMetrics, timing: RunTiming, *args: Any) -> None:
+    """`ModelMetrics.record_run` with the deliberate regression before it: counted as the
     framework's code (it replaces a method of it)."""
-    rows = timing.size
+    rows = timing.rows
     for _ in range(_INJECT["calls"] * rows):
         _extra_call()
     for _ in range(round(_INJECT["turns"] * rows)):  # work: one C call per turn
@@ -379,7 +379,7 @@ def _counted_slowly(self: ModelMetrics, timing: BatchTiming, *args: Any) -> None
 
 
 INJECTED = (_extra_call.__code__, _counted_slowly.__code__)
-_ORIGINAL_COUNT = ModelMetrics._count
+_ORIGINAL_COUNT = ModelMetrics.record_run
 
 
 def inject(us: float, calls: int) -> None:
@@ -391,7 +391,7 @@ def inject(us: float, calls: int) -> None:
     while time.perf_counter() - start < 0.05:
         turns += 1
     _INJECT.update(turns=us * turns / 50_000.0, calls=calls)
-    ModelMetrics._count = _counted_slowly  # type: ignore[method-assign]
+    ModelMetrics.record_run = _counted_slowly  # type: ignore[method-assign]
 
 
 def measure(quick: bool, count: bool) -> dict[str, dict[str, object]]:

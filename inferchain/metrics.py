@@ -1,4 +1,4 @@
-"""Counters and latency percentiles per model, recorded once per batch by the engine.
+"""Counters and latency percentiles per model, recorded once per run of batches by the engine.
 
 Stages, in milliseconds per request, one after the other: `queue` (submit -> READY),
 `batch_wait` (READY -> RUNNING: in a batch handed to a worker), `worker_wait` (RUNNING -> the
@@ -15,13 +15,12 @@ import copy
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
 
 import attrs
 import numpy as np
 
-from inferchain.core.records import NO_STAGES, Batch, BatchTiming
+from inferchain.core.records import NO_STAGES, BatchTiming, Run, RunTiming, batch_timings
 from inferchain.utilisation import (
     Activity,
     BusyClock,
@@ -30,9 +29,6 @@ from inferchain.utilisation import (
     Utilisation,
     utilisation,
 )
-
-if TYPE_CHECKING:
-    from inferchain.core.work import StepRows
 
 # per slice of a batch: rows, submitted, admitted, dispatched, picked, end, ok
 _Stamp = tuple[int, float, float, float, float, float, bool]
@@ -51,7 +47,7 @@ STAGES = ("queue", "batch_wait", "worker_wait", "execute", "end_to_end")  # per 
 RUN = "run"  # Session.run per batch, counted once per request of the batch
 PIPELINE_STAGES = ("pre", "post")  # per item, where a pipeline's steps are timed
 _CAPACITY = 1 << 16  # latest samples kept per stage and model
-_TIMELINE = 4096  # latest batches kept for traces and plots (about 1 MB)
+_TIMELINE = 4096  # latest runs kept for traces and plots
 
 
 @attrs.frozen
@@ -194,10 +190,11 @@ class _Rings:
 
 
 class ModelMetrics:
-    """Recorder for one model; the engine calls `record_batch` once per finished batch.
+    """Recorder for one model; the engine calls `record_run` once per finished run.
 
-    Recording is cheap (counters, and one tuple of stamps per work slice of the batch);
-    arrays and percentiles are computed only when someone asks (`samples`, `snapshot`).
+    Recording is cheap (counters, and one tuple of stamps per work slice of the run);
+    arrays, percentiles and the timeline's batches are made only when someone asks
+    (`samples`, `snapshot`, `batches`).
     """
 
     def __init__(self, name: str) -> None:
@@ -209,7 +206,7 @@ class ModelMetrics:
         self.first_submit: float | None = None
         self.last_done: float | None = None
         self._slices: deque[_Stamp] = deque(maxlen=_CAPACITY)
-        self.timeline: deque[BatchTiming] = deque(maxlen=_TIMELINE)
+        self.timeline: deque[RunTiming] = deque(maxlen=_TIMELINE)
         self.busy: dict[str, BusyClock] = {}  # per worker name
         self.elements = 0  # input elements run, and of those padding
         self.padded = 0
@@ -226,90 +223,60 @@ class ModelMetrics:
             self._live_sum += live
             self._live_max = max(self._live_max, live)
 
-    def record_batch(self, timing: BatchTiming, batch: Batch) -> None:
-        """Count a finished batch and keep the stamps of its slices."""
-        sent = batch.dispatched
-        if len(batch.slices) == 1:  # the common case, without a list
-            work = batch.slices[0].work
-            self.record_rows(timing, work.submitted, work.admitted or sent, sent, work.steps)
-            return
-        picked = max(timing.picked, sent)
-        end, ok = timing.end, timing.ok
-        slices = [
-            (s.rows, s.work.submitted, s.work.admitted or sent, sent, picked, end, ok)
-            for s in batch.slices
-        ]
-        first = min(s[1] for s in slices) if slices else end
+    def record_run(self, timing: RunTiming, run: Run) -> None:
+        """Count a finished run's batches, keep the stamps of its slices and the run in the
+        timeline: the one call per run, whatever executor ran it."""
+        sent = run.dispatched
+        picked = timing.picked if timing.picked > sent else sent
+        end, slices, rows = timing.end, run.slices, timing.rows
+        size, failed = timing.size, timing.failed
+        full, last = divmod(rows, size)
+        errors = 0
+        if failed:
+            errors = sum(size if i < full else last for i in failed)
+        if len(slices) == 1:  # the common case, without a list
+            work = slices[0].work
+            first = work.submitted
+            admitted = work.admitted or sent
+            stamps: list[_Stamp] = [(rows - errors, first, admitted, sent, picked, end, True)]
+            if errors:
+                stamps = [stamps[0], (errors, first, admitted, sent, picked, end, False)]
+        else:  # one batch: all of it ran, or none
+            ok = not failed
+            stamps = [
+                (s.rows, s.work.submitted, s.work.admitted or sent, sent, picked, end, ok)
+                for s in slices
+            ]
+            first = min(s[1] for s in stamps)
         with self._lock:
-            self._count(timing, first, slices, batch.slices[0].work.steps)
-
-    def record_rows(
-        self,
-        timing: BatchTiming,
-        submitted: float,
-        admitted: float,
-        sent: float,
-        steps: StepRows | None = None,
-    ) -> None:
-        """Count a finished batch of rows submitted, admitted and sent together (one slice
-        of a Work, or the engine's one-item lane)."""
-        stamp = (timing.size, submitted, admitted, sent, max(timing.picked, sent), timing.end,
-                 timing.ok)  # fmt: skip
-        with self._lock:
-            self._count(timing, submitted, stamp, steps)
-
-    def record_runs(
-        self, timings: Sequence[BatchTiming], submitted: float, admitted: float
-    ) -> None:
-        """Count batches of one Work's rows that ran one after the other, each sent as it
-        started (the engine's run-now stretch), under one lock section."""
-        with self._lock:
-            for t in timings:
-                sent = t.picked
-                self._count(t, submitted, (t.size, submitted, admitted, sent, sent, t.end, t.ok),
-                            None)  # fmt: skip
-
-    def _count(
-        self,
-        timing: BatchTiming,
-        first: float,
-        stamps: _Stamp | list[_Stamp],
-        steps: StepRows | None,
-    ) -> None:
-        """One finished batch into the counters, the stamps and the timeline (under
-        `_lock`): every path that records a batch comes here."""
-        n = timing.size
-        ok = timing.ok
-        end = timing.end
-        self.batch_sizes[n] += 1
-        if ok:
-            self.requests += n
-        else:
-            self.errors += n
-        if self.first_submit is None or first < self.first_submit:
-            self.first_submit = first
-        self.last_done = end
-        if isinstance(stamps, list):
+            if full:
+                self.batch_sizes[size] += full
+            if last:
+                self.batch_sizes[last] += 1
+            self.requests += rows - errors
+            self.errors += errors
+            if self.first_submit is None or first < self.first_submit:
+                self.first_submit = first
+            self.last_done = end
             self._slices.extend(stamps)
-        else:
-            self._slices.append(stamps)
-        self.timeline.append(timing)
-        clock = self.busy.get(timing.worker)
-        if clock is None:
-            clock = self.busy[timing.worker] = BusyClock()
-        clock.add(timing.picked, end, n, timing.device)
-        if timing.elements:
-            self.elements += timing.elements
-            self.padded += timing.padded
-        if timing.steps and ok:
-            self.steps += timing.steps
-            self.step_batches += 1 if steps is None else steps.count  # model runs
+            self.timeline.append(timing)
+            clock = self.busy.get(timing.worker)
+            if clock is None:
+                clock = self.busy[timing.worker] = BusyClock()
+            clock.add(picked, end, rows, timing.device, full + (last > 0))
+            if timing.elements:
+                self.elements += timing.elements
+                self.padded += timing.padded
+            if timing.steps and not failed:
+                steps = slices[0].work.steps
+                self.steps += timing.steps
+                self.step_batches += 1 if steps is None else steps.count  # model runs
 
     def samples(self) -> dict[str, np.ndarray]:
         """Seconds per stage (`end_to_end` included), the latest samples of each."""
         with self._lock:
             slices = list(self._slices)
-            batches = [b for b in self.timeline if b.ok]
+            runs = list(self.timeline)
         if not slices:
             return {stage: np.empty(0) for stage in STAGES}
         a = np.array([s[1:6] for s in slices], dtype=float)
@@ -323,6 +290,7 @@ class ModelMetrics:
             "execute": end - picked,
             "end_to_end": (end - submit)[ok],
         }
+        batches = [b for r in runs for b in batch_timings(r) if b.ok]
         if batches:  # `run` and the backend's own stages, once per row of a batch
             sizes = np.array([b.size for b in batches])
             samples[RUN] = np.repeat([b.run_end - b.run_start for b in batches], sizes)
@@ -332,9 +300,10 @@ class ModelMetrics:
         return samples
 
     def batches(self) -> list[BatchTiming]:
-        """The recorded timeline, copied."""
+        """The recorded timeline, a record per batch."""
         with self._lock:
-            return list(self.timeline)
+            runs = list(self.timeline)
+        return [b for r in runs for b in batch_timings(r)]
 
     def snapshot(self) -> tuple[ModelStats, dict[str, np.ndarray]]:
         samples = self.samples()

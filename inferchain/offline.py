@@ -22,12 +22,14 @@ from inferchain.backends.base import Backend
 from inferchain.backends.factory import make_backend
 from inferchain.config import ModelConfig, Recipe, load_recipe
 from inferchain.core.engine import ExecutionEngine
+from inferchain.core.inbox import Inbox
 from inferchain.core.request import Callback, Outputs, Request, RequestState
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.sequence_runner import SequenceRunner
 from inferchain.core.sequences import Sequences
 from inferchain.core.step_batcher import StepBatcher
 from inferchain.core.work import Work
+from inferchain.core.workers import WorkerSet
 from inferchain.driver import PipelineDriver, idle_flush
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.host_processes import HostProcesses
@@ -39,7 +41,7 @@ from inferchain.metrics import Metrics, Stats
 from inferchain.pipeline import PathLoader, Pipeline, pipeline_class
 from inferchain.registry import LoadedModel, load_models, step_batcher
 from inferchain.sequence import LiveSequence, Stepper
-from inferchain.shapes import ShapeKey, ShapePolicy
+from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
 
 log = get_logger(__name__)
@@ -71,7 +73,6 @@ class OfflineInference:
         self._lock = threading.Lock()  # guards _phase and _next_id
         self._next_id = 1
         self._models: dict[str, LoadedModel] = {}  # after init()
-        self._lanes: dict[str, tuple[str, ...]] = {}  # after init(): see init()
         self._engine: ExecutionEngine | None = None
         self._sequences = Sequences()  # the step batchers and runners the engine drives
         self._pipeline: Pipeline | None = None
@@ -94,9 +95,9 @@ class OfflineInference:
         pipeline = pipeline_class(self.recipe) if self.recipe.pipeline else None
         backend = self._backend or make_backend(self.recipe, acl_module=self._acl_module)
         self._backend = backend
-        engine = ExecutionEngine(self.metrics, self.recipe.scheduler.max_queue_size)
+        inbox = Inbox()  # where the workers post their runs' results
         try:
-            self._models = load_models(self.recipe, backend, engine.post)
+            self._models = load_models(self.recipe, backend, inbox.post)
         except BaseException:
             backend.close()
             self._phase = "closed"
@@ -110,14 +111,16 @@ class OfflineInference:
             if m.pool is not None:
                 m.steps = step_batcher(m, self.metrics.models[name])
                 self._sequences.batchers[name] = m.steps
-        # models whose one item may take the engine's one-item lane: their output names
-        self._lanes = {n: m.output_names for n, m in self._models.items() if m.takes_lane}
-        engine.start(
+        inline = not backend.thread_affine  # a caller's thread may run a session
+        engine = ExecutionEngine(
             scheduler,
-            [(m.config, m.workers, m.shapes) for m in self._models.values()],
+            [WorkerSet(m.config, m.workers, m.shapes, inline) for m in self._models.values()],
             self._sequences,
-            inline=not backend.thread_affine,
+            self.metrics,
+            inbox,
+            max_queue_size=self.recipe.scheduler.max_queue_size,
         )
+        engine.start()
         self._engine = engine
         self._phase = "running"
         if pipeline is not None:
@@ -425,53 +428,16 @@ class OfflineInference:
         """Run one item and wait: its outputs, or raise its error.
 
         When the model is idle and its sessions may run on any thread (ONNX Runtime; not
-        pyACL), the engine runs the batch of one right here on the calling thread.
+        pyACL), the engine runs its batch right here on the calling thread.
         """
         engine = self._running_engine()
-        names = self._lanes.get(model)
-        if names is not None:  # the one-item lane, while the model is idle
-            found = self._infer_in_lane(engine, model, names, inputs, timeout)
-            if found is not None:
-                return found
         (work,) = self._works(model, (inputs,), timeout=timeout)
-        engine.run_or_submit(work)
-        work.wait()
+        if not engine.run_until(work):
+            work.wait()
         result = work.item(0)
         if isinstance(result, BaseException):
             raise result
         return result
-
-    def _infer_in_lane(
-        self,
-        engine: ExecutionEngine,
-        model: str,
-        names: tuple[str, ...],
-        inputs: Any,
-        timeout: float | None,
-    ) -> Outputs | None:
-        """`infer` in the engine's one-item lane (`ExecutionEngine.run_item`); None where
-        the lane is closed now."""
-        loaded = self._models[model]
-        submitted = time.perf_counter()
-        arrays = loaded.spec.normalize(inputs)
-        if len(arrays) == 1:  # the common case, without loops
-            (a,) = arrays
-            exact: ShapeKey = (a.shape,)
-            feed, nbytes = [a[None]], a.nbytes
-        else:  # every input is batched on axis 0: its item shape is the array's shape
-            exact = tuple(a.shape for a in arrays)
-            feed, nbytes = [a[None] for a in arrays], sum(a.nbytes for a in arrays)
-        value = engine.run_item(
-            model, feed, exact, nbytes, submitted,  # its key: its own shapes (`takes_lane`)
-            lambda: self._works(model, (inputs,), timeout=timeout)[0],
-        )  # fmt: skip
-        if value is None:
-            return None
-        if isinstance(value, BaseException):
-            raise value
-        if len(value) == 1:
-            return {names[0]: value[0][0]}
-        return {n: o[0] for n, o in zip(names, value, strict=True)}
 
     @overload
     def map(
@@ -579,7 +545,7 @@ class OfflineInference:
                 works = self._works_apart(model, items, priority, notify)
             for w in works:
                 if not w.done:
-                    engine.run_or_submit(w, short_only=True)
+                    engine.run_until(w)
                 elif notify is not None:
                     notify(w)
             return works

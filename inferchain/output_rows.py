@@ -178,13 +178,19 @@ def _declared_mismatch(t: TensorDesc, shape: Shape, axis: int) -> str:
 
 
 def probe_session(
-    model: str, session: Session, layout: Layout, batch_rows: int, key: Sequence[tuple[int, ...]]
+    model: str,
+    session: Session,
+    layout: Layout,
+    batch_rows: int,
+    key: Sequence[tuple[int, ...]],
+    run: Callable[[list[np.ndarray], int], Sequence[np.ndarray]] | None = None,
 ) -> tuple[OutputProbe, Verdict]:
     """Probe a loaded `session` with zeros of item shapes `key` and judge what it returns
-    (`init()` on a worker's thread, `inferchain info` on its own)."""
+    (`init()` on a worker's thread, `inferchain info` on its own); `run`: what runs it
+    (default `session.run`)."""
     dtypes = [t.dtype for t in session.inputs]
     seen = probe(
-        session.run,
+        run or session.run,
         lambda n: zeros_feed(key, dtypes, layout.inputs, n),
         probe_sizes(batch_rows, session.max_batch_size),
         session.max_batch_size,

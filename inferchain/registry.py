@@ -39,24 +39,6 @@ class LoadedModel:
         return tuple(t.name for t in self.info.outputs)
 
     @property
-    def takes_lane(self) -> bool:
-        """`infer()` of one item may take the engine's one-item lane: the item's arrays
-        are the model's inputs as they are, with a row axis (no unbatched input, every
-        input batched on axis 0, no tensor on the device, no sequence state, no batches
-        anchored to a run, no per-request memory limit, an item's key its own shapes)."""
-        spec, shapes, config = self.spec, self.shapes, self.config
-        return (
-            spec.batching
-            and not spec.unbatched
-            and not spec.handed
-            and all(a == 0 for a in shapes.layout.inputs)
-            and not config.state
-            and config.batching != "fill"
-            and self.memory.request_bytes is None
-            and shapes.keeps_shapes
-        )
-
-    @property
     def step_names(self) -> tuple[str, ...]:
         """The outputs a sequence step gives: all but the carried ones where the state
         stays in device slots."""

@@ -102,7 +102,7 @@ def merged_span(*activities: Activity) -> tuple[float, float]:
 class BusyClock:
     """One worker's busy seconds: the union of its batches' spans, which end in the order
     they started (a worker collects its streams in launch order). A batch's span is when the
-    device ran it where the backend times its device (`BatchTiming.device`: the acl
+    device ran it where the backend times its device (`RunTiming.device`: the acl
     backend's stream events), else the worker's pick-up -> delivery."""
 
     __slots__ = ("batches", "busy_s", "device_batches", "last_end", "rows")
@@ -115,12 +115,19 @@ class BusyClock:
         self.device_batches = 0  # of `batches`, those timed on the device
 
     def add(
-        self, picked: float, end: float, rows: int, device: Sequence[tuple[float, float]] = ()
+        self,
+        picked: float,
+        end: float,
+        rows: int,
+        device: Sequence[tuple[float, float]] = (),
+        batches: int = 1,
     ) -> None:
-        self.batches += 1
+        """A run of `batches` batches of `rows` rows in all, from `picked` to `end` (or
+        its `device` spans)."""
+        self.batches += batches
         self.rows += rows
         if device:
-            self.device_batches += 1
+            self.device_batches += batches
         for start, stop in device or ((picked, end),):  # the union of the spans so far
             last = self.last_end
             if stop > last:

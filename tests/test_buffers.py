@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 
 from inferchain.core.buffers import HostBuffers
-from inferchain.core.records import Batch, ShapeKey, Slice
+from inferchain.core.records import Run, ShapeKey, Slice
 from inferchain.core.request import RequestState
 from inferchain.core.work import Work
 from inferchain.tensors import TensorDesc
@@ -26,8 +26,9 @@ def create_buffers(width: int = 4, rows: int = 4, pad_value: float = 0.0) -> Hos
     return HostBuffers([TensorDesc("x", (None, width), np.float32)], rows, pad_value)
 
 
-def batch_of(*slices: Slice, key: ShapeKey = ((4,),)) -> Batch:
-    return Batch("m", 0, 0, slices, sum(s.rows for s in slices), key, T0)
+def batch_of(*slices: Slice, key: ShapeKey = ((4,),)) -> Run:
+    """A run of one batch of `slices` (of at most 4 rows)."""
+    return Run("m", 0, 0, slices, sum(s.rows for s in slices), 4, key, T0)
 
 
 def test_one_exact_slice_is_fed_as_a_view_of_the_work_inputs() -> None:

@@ -1,53 +1,77 @@
 """The ExecutionEngine's step without threads: what it dispatches, and what it does with the
-results posted back.
+results given back.
 
 The loop thread is never started: the test calls `_step_and_after(now)` (the step under the
 engine's lock, then what it leaves for after it), as the loop does, at the times it chooses,
-with the real Scheduler and ModelBatcher and a fake worker that records the batches it is
-handed. Results are posted as a worker posts them
-(`engine.post(BatchResult(...))`), so every interleaving here is the test's own.
+or `run_until(work)` from its own thread, as `infer()` does, with the real Scheduler and
+ModelBatcher and a fake worker that records the runs it is handed (the thread executor) or
+runs them when asked (the inline executor). Results are posted as a worker posts them
+(`RunResult`s into the engine's inbox), so every interleaving here is the test's own.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
-from inferchain.config import ModelConfig, SchedulerConfig
+from inferchain.config import ModelConfig
 from inferchain.core.engine import ExecutionEngine
-from inferchain.core.records import Batch, BatchResult, BatchTiming
+from inferchain.core.records import Run, RunResult, RunTiming
 from inferchain.core.request import Request, RequestState
-from inferchain.core.scheduler import Scheduler
 from inferchain.core.sequence_runner import SequenceRunner
 from inferchain.core.state_pool import StatePool
 from inferchain.core.work import StepRows, Work
-from inferchain.core.workers import WorkerSet
 from inferchain.errors import BackendError
 from inferchain.inputs import InputSpec
-from inferchain.metrics import Metrics
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import TensorDesc
-from inferchain.testing.builders import create_model, create_work
+from inferchain.testing.builders import create_engine, create_model, create_work
 
 S = RequestState
 T0 = 100.0  # perf_counter seconds of the first step
 WINDOW = 0.05  # seconds: the models' max_queue_delay_ms
 
 
+def outputs_of(run: Run) -> list[tuple[np.ndarray, ...]]:
+    """What the fake model computes for each batch of `run`: y = x + 0.5 of every row."""
+    rows = np.concatenate([s.work.inputs[0][s.start : s.stop] for s in run.slices])
+    return [(rows[i : i + run.size] + np.float32(0.5),) for i in range(0, run.rows, run.size)]
+
+
+def result_of(run: Run, worker: str, error: BaseException | None = None) -> RunResult:
+    """The result of `run` as a worker gives it back: its outputs, or `error` for each
+    batch."""
+    n = run.batches
+    t = run.dispatched
+    failed = tuple(range(n)) if error is not None else ()
+    timing = RunTiming(run.model, worker, run.stream, run.shape_key, run.rows, run.size, t,
+                       [t] * n, [t] * n, t, failed)  # fmt: skip
+    outcomes = [error] * n if error is not None else outputs_of(run)
+    return RunResult(run, outcomes, timing)
+
+
 class FakeWorker:
-    """What the engine reads of a ModelWorker; it keeps the batches it is handed."""
+    """What the engine reads of a ModelWorker; it keeps the runs it is handed, and runs
+    those it is asked to run here (noting on which thread)."""
 
     def __init__(self, index: int, num_streams: int = 1) -> None:
         self.index = index
         self.name = f"m#{index}"
         self.num_streams = num_streams
+        self.batch_s: float | None = None  # never timed: a run is one batch
         self.healthy = True
         self.dead = False
-        self.batches: list[Batch] = []
+        self.batches: list[Run] = []  # handed to its thread
+        self.executed: list[tuple[Run, str]] = []  # run here, on the thread named
 
-    def dispatch(self, batch: Batch) -> None:
-        self.batches.append(batch)
+    def dispatch(self, run: Run) -> None:
+        self.batches.append(run)
+
+    def execute(self, run: Run) -> RunResult:
+        self.executed.append((run, threading.current_thread().name))
+        return result_of(run, self.name)
 
     def stop(self) -> None:
         pass
@@ -59,20 +83,30 @@ class FakeWorker:
 class Harness:
     """One model "m" (x f32[N, 4] -> y f32[N, 4]) on fake workers, stepped by the test."""
 
-    def __init__(self, model: ModelConfig, workers: int = 1) -> None:
-        self.engine = ExecutionEngine(Metrics([model.name]), max_queue_size=1000)
+    def __init__(
+        self,
+        model: ModelConfig,
+        workers: int = 1,
+        inline: bool = False,
+        batch_s: float | None = None,
+    ) -> None:
+        """`batch_s`: how long the workers' batches took at warm-up (None: never timed)."""
         self.workers = [FakeWorker(i) for i in range(workers)]
-        desc = [TensorDesc("x", (None, 4), np.float32)]
-        shapes = ShapePolicy(model, desc, [TensorDesc("y", (None, 4), np.float32)])
-        # what `start()` sets, without starting the loop and callback threads
-        self.engine._scheduler = Scheduler(SchedulerConfig(), [model])
-        self.engine._models = {
-            model.name: WorkerSet(model, self.workers, shapes)  # type: ignore[arg-type]
-        }
+        for w in self.workers:
+            w.batch_s = batch_s
+        self.engine: ExecutionEngine = create_engine(model, self.workers, inline=inline)
         self.next_id = 1
 
     def work(self, rows: int = 1, *, per_item: bool = True, at: float = T0) -> Work:
         """Submit a Work of `rows` rows (ids as OfflineInference numbers them)."""
+        work = self.bulk(rows, per_item=per_item, at=at)
+        if not per_item:
+            work.arm()
+        self.engine.submit(work, block=False)
+        return work
+
+    def bulk(self, rows: int = 1, *, per_item: bool = False, at: float = T0) -> Work:
+        """A Work of `rows` rows, not yet submitted."""
         work = create_work(
             self.next_id,
             rows=rows,
@@ -81,35 +115,24 @@ class Harness:
             on_cancel=self.engine.cancelled,
         )
         self.next_id += rows
-        if not per_item:
-            work.arm()
-        self.engine.submit(work, block=False)
         return work
 
     def step(self, now: float) -> float | None:
         """One step of the loop at `now`, on the test's thread: no engine thread ever ran."""
-        assert self.engine._thread.ident is None and self.engine._callbacks._thread.ident is None
         return self.engine._step_and_after(now)
 
-    def dispatched(self) -> list[Batch]:
-        """Every batch handed to any worker, in order."""
+    def dispatched(self) -> list[Run]:
+        """Every run handed to any worker's thread, in order."""
         return [b for w in self.workers for b in w.batches]
 
-    def finish(self, batch: Batch, *, error: BaseException | None = None) -> None:
-        """Post the result of `batch` as its worker would: y = x + 0.5 of every row, or
-        `error` for the whole batch."""
-        outputs = None
-        if error is None:
-            rows = [s.work.inputs[0][s.start : s.stop] for s in batch.slices]
-            outputs = (np.concatenate(rows) + np.float32(0.5),)
-        t = batch.dispatched
-        timing = BatchTiming(batch.model, f"m#{batch.worker}", batch.rows, batch.shape_key,
-                             error is None, t, t, t, t)  # fmt: skip
-        self.engine.post(BatchResult(batch, outputs, error, timing))
+    def finish(self, run: Run, *, error: BaseException | None = None) -> None:
+        """Post the result of `run` as its worker would: y = x + 0.5 of every row, or
+        `error` for every batch."""
+        self.engine._inbox.post(result_of(run, f"m#{run.worker}", error))
 
 
-def spans(batches: Sequence[Batch]) -> list[list[tuple[int, int, int]]]:
-    """Per batch: (work id, start, stop) of each slice."""
+def spans(batches: Sequence[Run]) -> list[list[tuple[int, int, int]]]:
+    """Per run: (work id, start, stop) of each slice."""
     return [[(s.work.id, s.start, s.stop) for s in b.slices] for b in batches]
 
 
@@ -204,7 +227,7 @@ def test_results_reach_the_requests_and_the_bulk_work_of_their_rows() -> None:
     got = np.stack([item["y"] for item in bulk.items()])  # type: ignore[index]
     np.testing.assert_array_equal(got, np.arange(3)[:, None] + np.full((3, 4), 4000.5))
     assert h.engine.wait_all(0)
-    assert h.engine.live == {}
+    assert h.engine.ledger.live == {}
 
 
 def test_a_failed_batch_fails_exactly_its_rows() -> None:
@@ -246,7 +269,7 @@ def test_a_cancelled_ready_request_is_not_dispatched_and_its_work_still_settles(
     h.finish(h.dispatched()[1])
     h.step(T0 + WINDOW)
     assert [r.state for r in ready] == [S.DONE, S.CANCELLED, S.DONE, S.CANCELLED, S.CANCELLED]
-    assert h.engine.wait_all(0) and h.engine.live == {}
+    assert h.engine.wait_all(0) and h.engine.ledger.live == {}
 
 
 def test_a_cancel_taken_in_the_step_that_admits_its_work_is_not_dispatched() -> None:
@@ -304,10 +327,10 @@ class CountingStepper:
 
 
 def test_a_steppers_code_runs_after_the_step_and_its_next_batch_goes_in_the_next() -> None:
-    h = Harness(create_model(delay_ms=WINDOW * 1e3))
-    model = h.engine._models["m"]
+    config = create_model(delay_ms=WINDOW * 1e3)
+    h = Harness(config)
     desc = [TensorDesc("x", (None, 4), np.float32)]
-    shapes = ShapePolicy(model.config, desc, [TensorDesc("y", (None, 4), np.float32)])
+    shapes = ShapePolicy(config, desc, [TensorDesc("y", (None, 4), np.float32)])
     stepper = CountingStepper(h.engine)
     ids = iter(range(100, 200))
     runner = SequenceRunner(
@@ -319,7 +342,7 @@ def test_a_steppers_code_runs_after_the_step_and_its_next_batch_goes_in_the_next
         batch_rows=4,
         take_id=lambda: next(ids),
     )
-    h.engine._sequences.runner("m", id(stepper), lambda: runner)
+    h.engine._sequences.runner("m", id(stepper), lambda: runner)  # as run_sequence() does
     request = Request(1, "m")
     for work in runner.submit(request, 1.0):  # the caller's thread: its first step batch
         h.engine.submit_steps(work)
@@ -365,10 +388,8 @@ def pinned_steps(h: Harness, worker: int, rows: int = 1) -> Work:
 
 
 def test_steps_pinned_to_an_instance_run_there_and_wait_while_it_is_full() -> None:
-    h = Harness(create_model(delay_ms=WINDOW * 1e3), workers=2)
-    model = h.engine._models["m"]
-    model.batch_s = [1.0, 1.0]  # long batches: each worker holds two at most
-    for _ in range(3):
+    h = Harness(create_model(delay_ms=WINDOW * 1e3), workers=2, batch_s=1.0)
+    for _ in range(3):  # long batches: a worker holds two runs at most
         pinned_steps(h, worker=1)
     h.step(T0)
     assert [len(w.batches) for w in h.workers] == [0, 2]  # the third waits for instance 1
@@ -404,3 +425,46 @@ def test_a_done_listener_that_raises_harms_neither_the_others_nor_the_engine() -
     h.finish(h.dispatched()[0])
     h.step(T0)
     assert seen == [2] and all(r.state is S.DONE for r in requests)
+
+
+# -- the inline executor: a caller's thread steps the engine --------------------------------
+
+
+def test_a_callers_work_on_an_idle_model_runs_on_its_thread_and_settles_in_the_call() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3), inline=True)
+    work = h.bulk(6)
+    assert h.engine.run_until(work)  # finished before it returned: no loop step was needed
+    (worker,) = h.workers
+    assert spans([r for r, _ in worker.executed]) == [[(1, 0, 4)], [(1, 4, 6)]]
+    assert {name for _, name in worker.executed} == {threading.current_thread().name}
+    assert worker.batches == []  # nothing went to the worker's thread
+    got = np.stack([item["y"] for item in work.items()])  # type: ignore[index]
+    np.testing.assert_array_equal(got, np.arange(6)[:, None] + np.full((6, 4), 1000.5))
+    stats = h.engine._metrics.models["m"]
+    assert (stats.requests, sum(stats.batch_sizes.values())) == (6, 2)
+    assert h.engine.wait_all(0)
+
+
+def test_a_callers_work_on_a_busy_model_goes_to_its_worker_and_waits_for_the_loop() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3), inline=True)
+    h.work(1)
+    h.step(T0)  # the model is busy now: its worker's thread runs a batch
+    work = h.bulk(2)
+    assert not h.engine.run_until(work)  # it waits for the window behind the busy worker
+    h.finish(h.dispatched()[0])
+    h.step(T0 + WINDOW)
+    assert spans(h.dispatched()) == [[(1, 0, 1)], [(2, 0, 2)]]
+    assert h.workers[0].executed == []
+    h.finish(h.dispatched()[1])
+    h.step(T0 + WINDOW)
+    assert work.wait(0) and work.state is S.DONE
+
+
+def test_a_model_whose_sessions_keep_to_their_thread_never_runs_inline() -> None:
+    h = Harness(create_model(delay_ms=WINDOW * 1e3), inline=False)
+    work = h.bulk(2)
+    assert not h.engine.run_until(work)  # dispatched by the caller's step, to the worker
+    assert spans(h.dispatched()) == [[(1, 0, 2)]] and h.workers[0].executed == []
+    h.finish(h.dispatched()[0])
+    h.step(T0)
+    assert work.wait(0) and work.state is S.DONE

@@ -58,36 +58,40 @@ class ModelBatcher:
 
     def due(
         self, now: float, all_idle: bool, skip: frozenset[BatchKey] | set[BatchKey] = frozenset()
-    ) -> tuple[BatchKey | None, float]:
+    ) -> tuple[BatchKey | None, bool, float]:
         """The group to send now (the one whose oldest work waited longest among those
-        due, `skip` left out), and when the next window expires."""
+        due, `skip` left out), whether its last batch may leave partial (else it waits for
+        more rows), and when the next window expires."""
         best: BatchKey | None = None
         best_t = next_due = float("inf")
+        partial = False
         if self.fill and not self.flushing:
             for key, group in self.groups.items():
                 if key in skip:
                     continue
-                if self._rows[key] >= self.max_rows or self._run_over(group[0]):
-                    return key, next_due
-            return None, next_due
+                if self._run_over(group[0]):
+                    return key, True, next_due
+                if self._rows[key] >= self.max_rows:
+                    return key, False, next_due
+            return None, False, next_due
         for key, group in self.groups.items():
             if key in skip:
                 continue
             head = group[0].admitted
             if head is None:
                 head = now
-            if (
+            may_part = (
                 (all_idle and not self.wait)
                 or self.flushing
                 or group[0].alone
-                or self._rows[key] >= self.max_rows
                 or head + self.delay <= now
-            ):
+            )
+            if may_part or self._rows[key] >= self.max_rows:
                 if head < best_t:
-                    best, best_t = key, head
+                    best, best_t, partial = key, head, may_part
             else:
                 next_due = min(next_due, head + self.delay)
-        return best, next_due
+        return best, partial, next_due
 
     def pinned(self, key: BatchKey) -> int | None:
         """The instance group `key` must run on (sequence steps whose state its session
@@ -112,24 +116,36 @@ class ModelBatcher:
         driver, index = work.run
         return self.latest_run[driver] > index
 
-    def take(self, key: BatchKey) -> tuple[list[Slice], int]:
-        """Up to a batch of rows from group `key`: the slices and their rows. Works whose
-        rows are all taken (or were dropped by the engine) leave the group."""
+    def take(
+        self, key: BatchKey, batches: int = 1, partial: bool = True
+    ) -> tuple[list[Slice], int]:
+        """Up to `batches` batches of rows from group `key`, as one run: the slices and
+        their rows (full batches only, unless `partial`). Works whose rows are all taken (or
+        were dropped by the engine) leave the group. Sequence steps run in a run of one
+        batch (a cohort alone; steps whose state is on the device never split)."""
         group = self.groups[key]
+        size = self.max_rows
+        limit = size * batches
+        if not partial:
+            limit = min(limit, max(size, self._rows[key] // size * size))
         slices: list[Slice] = []
         rows = consumed = 0
-        while group and rows < self.max_rows:
+        while group and rows < limit:
             work = group[0]
+            if work.steps is not None and limit > size:
+                if rows:  # the run ends before it: steps are a batch's
+                    break
+                limit = size
             if work.alone and rows:  # a cohort runs alone (it stays one)
                 break
             before = work.taken
-            if rows and work.state_rows is not None and rows + work.rows - before > self.max_rows:
+            if rows and work.state_rows is not None and rows + work.rows - before > size:
                 break  # steps whose state is on the device stay in one batch (a reorder)
             if before < work.rows:
                 if work.requests is None:
-                    rows = self._take_rows(work, slices, rows)
+                    rows = self._take_rows(work, slices, rows, limit)
                 else:
-                    rows = self._take_requests(work, slices, rows)
+                    rows = self._take_requests(work, slices, rows, limit)
                 consumed += work.taken - before
                 work.start()
             if work.taken >= work.rows:
@@ -146,15 +162,6 @@ class ModelBatcher:
             del self.groups[key], self._rows[key]
         return slices, rows
 
-    def cut(self, work: Work) -> tuple[list[Slice], int]:
-        """The next batch of a bulk work the batcher does not hold (the engine's run-now
-        path): its next rows, up to a batch, as one slice."""
-        assert not work.held and work.requests is None
-        slices: list[Slice] = []
-        rows = self._take_rows(work, slices, 0)
-        work.start()
-        return slices, rows
-
     def forget(self, work: Work) -> int:
         """The engine drops the rows of `work` not yet taken (cancelled, timed out, or all
         its rows ended): none will be; returns how many there were."""
@@ -166,20 +173,21 @@ class ModelBatcher:
             work.taken = work.rows
         return untaken
 
-    def _take_rows(self, work: Work, slices: list[Slice], rows: int) -> int:
-        """Rows of a bulk work, as one slice, up to a batch in all."""
+    def _take_rows(self, work: Work, slices: list[Slice], rows: int, limit: int) -> int:
+        """Rows of a bulk work, as one slice, up to `limit` rows in all."""
         before = work.taken
-        stop = min(work.rows, before + self.max_rows - rows)
+        stop = min(work.rows, before + limit - rows)
         slices.append(Slice(work, before, stop, rows))
         work.taken = stop
         return rows + stop - before
 
-    def _take_requests(self, work: Work, slices: list[Slice], rows: int) -> int:
-        """Rows of a work with per-item Requests: each moves to RUNNING, or is skipped
-        when it was cancelled or timed out meanwhile; runs of live rows become slices."""
+    def _take_requests(self, work: Work, slices: list[Slice], rows: int, limit: int) -> int:
+        """Rows of a work with per-item Requests, up to `limit` rows in all: each moves to
+        RUNNING, or is skipped when it was cancelled or timed out meanwhile; runs of live
+        rows become slices."""
         assert work.requests is not None
         start = work.taken
-        stop = min(work.rows, start + self.max_rows - rows)
+        stop = min(work.rows, start + limit - rows)
         now = time.perf_counter()
         run_start = start
         for i in advance(work.requests[start:stop], _RUNNING, work.lock, now):

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from inferchain.core.records import Batch, Slice
+from inferchain.core.records import Run, Slice
 from inferchain.layout import Axis, rows_first
 from inferchain.shapes import ShapeKey
 from inferchain.tensors import TensorDesc
@@ -83,9 +83,9 @@ class HostBuffers:
             return np.empty(shape, dtype)
         return np.empty(self._rows * math.prod(shape), dtype)
 
-    def feed(self, batch: Batch) -> list[np.ndarray]:
-        """The batch's input arrays in model input order and layout: `batch.rows` rows on
-        each input's batch axis, an unbatched input's one value."""
+    def feed(self, batch: Run) -> list[np.ndarray]:
+        """The input arrays of `batch` (a run of one batch) in model input order and layout:
+        `batch.rows` rows on each input's batch axis, an unbatched input's one value."""
         slices = batch.slices
         if len(slices) == 1:
             s = slices[0]
@@ -105,7 +105,7 @@ class HostBuffers:
                 self._fill(view, slices, i, shape)
         return views
 
-    def _feed_laid_out(self, batch: Batch) -> list[np.ndarray]:
+    def _feed_laid_out(self, batch: Run) -> list[np.ndarray]:
         """`feed` for a model with another batch axis or an unbatched input."""
         n = batch.rows
         slices = batch.slices

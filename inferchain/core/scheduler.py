@@ -33,17 +33,13 @@ class ModelQueue:
         self.admitted_bytes = 0  # their input bytes
 
     def can_schedule(self, work: Work) -> bool:
-        """Room for the work's rows in the slots and the budget."""
-        return self.has_room(work.rows, work.nbytes)
-
-    def has_room(self, rows: int, nbytes: int) -> bool:
-        """Room for `rows` rows of `nbytes` input bytes in the slots and the budget (always,
-        when none is held: a work bigger than the model's slots still runs, alone)."""
+        """Room for the work's rows in the slots and the budget (always, when none is held:
+        a work bigger than the model's slots still runs, alone)."""
         if self.num_admitted == 0:
             return True
-        if self.num_admitted + rows > self.num_slots:
+        if self.num_admitted + work.rows > self.num_slots:
             return False
-        return self.budget_bytes is None or self.admitted_bytes + nbytes <= self.budget_bytes
+        return self.budget_bytes is None or self.admitted_bytes + work.nbytes <= self.budget_bytes
 
     def allocate(self, rows: int, nbytes: int) -> None:
         self.num_admitted += rows
@@ -78,7 +74,8 @@ class Scheduler:
     # -- input ----------------------------------------------------------------------------
 
     def add(self, work: Work) -> None:
-        """A new WAITING work."""
+        """A new WAITING work: queued until `schedule()` admits it (or it expires or
+        fails)."""
         self.num_waiting += work.rows
         if work.deadline is not None:
             heapq.heappush(self._deadlines, (work.deadline, work.id, work))
@@ -95,41 +92,24 @@ class Scheduler:
         else:
             self._push(work)
 
-    def admit_now(self, work: Work, now: float) -> bool:
-        """Admit `work` at once if its model has nothing waiting and room for it (the
-        engine's run-now path); True if admitted. The work is never queued otherwise."""
+    def admit(self, work: Work, now: float) -> bool:
+        """A new WAITING work that arrives alone: admitted at once (READY, True) where
+        nothing of its model waits, it depends on nothing and it fits, as `schedule()`
+        would admit it; else `add`ed."""
         q = self._queues[work.model]
-        if q.heap or work.depends_on or not q.can_schedule(work):
+        if q.heap or work.depends_on or work.cancelled or not q.can_schedule(work):
+            self.add(work)
             return False
+        if work.deadline is not None:
+            heapq.heappush(self._deadlines, (work.deadline, work.id, work))
         q.allocate(work.rows, work.nbytes)
         work.admit(now)
         return True
-
-    def admit_rows(self, model: str, rows: int, nbytes: int) -> bool:
-        """`admit_now` for rows that are no Work (the engine's one-item lane): take their
-        slots and budget at once if the model has nothing waiting and room for them."""
-        q = self._queues[model]
-        if q.heap or not q.has_room(rows, nbytes):
-            return False
-        q.allocate(rows, nbytes)
-        return True
-
-    def hand_over(self, work: Work, rows: int, nbytes: int, now: float) -> None:
-        """Rows admitted by `admit_rows` become `work`'s (admitted at `now`), which ends
-        like any admitted work (`release`)."""
-        q = self._queues[work.model]
-        q.deallocate(rows, nbytes)
-        q.allocate(work.rows, work.nbytes)
-        work.admit(now)
 
     def release(self, work: Work) -> None:
         """An admitted work has finished: free its slots and budget."""
-        self.release_rows(work.model, work.rows, work.nbytes)
-
-    def release_rows(self, model: str, rows: int, nbytes: int) -> None:
-        """Rows admitted by `admit_rows` (or a work's) ended: free their slots and budget."""
-        q = self._queues[model]
-        q.deallocate(rows, nbytes)
+        q = self._queues[work.model]
+        q.deallocate(work.rows, work.nbytes)
         if q.heap:
             self._dirty.add(q.name)
 

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from inferchain.core.records import Batch
+from inferchain.core.records import Run
 from inferchain.errors import InvalidInput, QueueFull, StateLost
 from inferchain.tensors import StateRows
 
@@ -240,7 +240,7 @@ class StatePool:
         self._lost[rows.write] = False
         return False
 
-    def write_back(self, batch: Batch, outputs: Sequence[np.ndarray]) -> None:
+    def write_back(self, batch: Run, outputs: Sequence[np.ndarray]) -> None:
         """Store the carried outputs of the batch's step rows into their lanes (worker
         thread, after the run): one fancy-index assignment per carried input. Rows of
         works that are not steps are left alone."""

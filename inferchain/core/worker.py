@@ -1,34 +1,39 @@
-"""The ModelWorker: one model instance on its own thread, with its streams and buffers.
+"""The ModelWorker: one model instance with its thread, its streams and its buffers.
 
-Device work (load, run, release) happens only on the worker's thread, as pyACL contexts
-require. The engine hands it a `Batch` on one of its streams (`dispatch`); the worker fills
-the stream's input buffers, launches the batch, keeps up to `num_streams` batches in flight,
-and posts a `BatchResult` for each to its outbox. It never calls a layer above it. `healthy`
-and `dead` are written only here; the engine reads them.
+A worker is the engine's thread executor: the engine hands it a `Run` (`dispatch`) and its
+thread runs the run's batches on the session, keeps up to `num_streams` runs in flight, and
+posts one `RunResult` per run to its outbox. The inline executor is the same code on another
+thread: `execute` runs a run on the thread that is stepping the engine, for a session any
+thread may use, on a worker the engine holds for it (nothing else of it in flight). Either way
+a run's result comes back once every batch of it has run: a worker that turns unhealthy in a
+run re-loads its model (on the thread running the run) before its next batch.
+
+It never calls a layer above it. `healthy` and `dead` are written only by the thread running
+its runs; the engine reads them.
 """
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import attrs
 import numpy as np
 
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig
-from inferchain.core.buffers import HostBuffers
 from inferchain.core.records import (
-    NO_STAGES,
-    Batch,
-    BatchResult,
-    BatchTiming,
+    Outcome,
+    Run,
+    RunResult,
+    RunTiming,
     WorkerChanged,
+    failed_run,
 )
+from inferchain.core.session_view import SessionView
 from inferchain.core.state_pool import StatePool
 from inferchain.errors import (
     BackendError,
@@ -36,17 +41,19 @@ from inferchain.errors import (
     InferchainError,
     LoadError,
     OutputMismatch,
+    RequestCancelled,
     StateLost,
 )
-from inferchain.layout import Axis, Layout, rows_first
+from inferchain.layout import Axis, Layout
 from inferchain.logs import get_logger, log_safely
-from inferchain.output_rows import OutputProbe, check_rows, probe_session
-from inferchain.shapes import ShapeKey, ShapePolicy
-from inferchain.tensors import StateRows, TensorDesc
+from inferchain.output_rows import OutputProbe, probe_session
+from inferchain.shapes import ShapePolicy
+from inferchain.tensors import StateRows
 
 log = get_logger(__name__)
 
-Outbox = Callable[[BatchResult | WorkerChanged], None]
+Outbox = Callable[[RunResult | WorkerChanged], None]
+TIMED_TWICE_S = 0.02  # a warm-up batch shorter than this is timed again (its best counts)
 
 
 @attrs.frozen(eq=False)
@@ -62,17 +69,15 @@ class _Prepare:
 
 @attrs.define
 class _InFlight:
-    """A launched batch, until its stream is collected."""
+    """A run whose first batch is launched, until it is collected."""
 
-    batch: Batch
+    run: Run
     picked: float  # taken from the queue
-    run_start: float  # the backend was called
-    error: BaseException | None = None  # the launch failed
+    starts: list[float]  # per batch: the backend was called
+    error: BaseException | None = None  # the launch of its first batch failed
+    feed: list[np.ndarray] | None = None  # a session that runs at once: run at collect
     # a multi-step batch, run at collect: its first step's feed and device state rows
     steps: tuple[list[np.ndarray], StateRows | None] | None = None
-
-
-_RECOVER = object()  # a queue item: re-initialise the session (after an inline failure)
 
 
 def _startup_error(error: BaseException) -> BaseException:
@@ -91,18 +96,18 @@ def _on_axes(layout: Layout) -> str:
     return f" (its fixed batch dims, on the inputs' batch axes {axes})" if any(axes) else ""
 
 
-def _step_count(batch: Batch) -> int:
-    """Steps the batch runs: K for a multi-step batch of sequence steps (alone in its
-    batch), else 1."""
-    steps = batch.slices[0].work.steps
+def _step_count(run: Run) -> int:
+    """Steps each row runs: K for a multi-step batch of sequence steps (alone in its run),
+    else 1."""
+    steps = run.slices[0].work.steps
     return 1 if steps is None else steps.count
 
 
-def _state_rows(batch: Batch) -> StateRows | None:
-    """Where the steps of `batch` keep their state on the device; None for a batch that
-    holds no steps (steps batch only with steps, so it is all or none)."""
+def _state_rows(run: Run) -> StateRows | None:
+    """Where the steps of `run` (one batch) keep their state on the device; None for a run
+    that holds no steps (steps batch only with steps, so it is all or none)."""
     parts = []
-    for s in batch.slices:
+    for s in run.slices:
         rows = s.work.state_rows
         if rows is None:
             return None
@@ -120,8 +125,9 @@ class ModelWorker:
     """Owns one backend Session, its streams, its buffers and its thread.
 
     Life: `start()` -> `wait_ready()` (raises what loading raised) -> `prepare()` ->
-    `dispatch()` batches -> `stop()` -> `join()`. The session is released on the worker's
-    thread after the last batch, so nothing is in flight when it is torn down.
+    `dispatch()` runs (or `execute()` one here) -> `stop()` -> `join()`. The session is
+    released on the worker's thread after the last run, so nothing is in flight when it is
+    torn down.
     """
 
     def __init__(
@@ -132,30 +138,21 @@ class ModelWorker:
         self.name = f"{model.name}#{index}"
         self.healthy = True  # False while re-initialising after failures, or once dead
         self.dead = False  # the thread ended or the model could not be reloaded
-        self.num_streams = 1  # batches in flight at once (the session's, once loaded)
+        self.num_streams = 1  # runs in flight at once (the session's, once loaded)
         self.consecutive_failures = 0
         self.session: Session | None = None
-        self.shapes: ShapePolicy | None = None  # set by prepare(), before the first batch
+        self.view: SessionView | None = None  # the session's tensors, as they are fed and read
+        self.shapes: ShapePolicy | None = None  # set by prepare(), before the first run
         self.pool: StatePool | None = None  # a stateful model's lanes: carried outputs go there
         self.state_on_device = False  # ... or into the session's device slots (prepare())
+        self.batch_s: float | None = None  # a max batch's seconds at warm-up (its best run)
         # the session runs a batch in one call (`Session.run`, no launch ahead of collect)
-        # and times neither stages nor its device: `run_timings` may time its batches
         self.at_once = False
+        self.probed: OutputProbe | None = None  # the real output shapes (prepare with probe)
         self._backend = backend
         self._device = device
         self._outbox = outbox
-        self._batching = model.max_batch_size > 0
-        self._queue: queue.SimpleQueue[Batch | _Prepare | object | None] = queue.SimpleQueue()
-        self._buffers: HostBuffers | None = None
-        self._moved_outputs: tuple[tuple[int, int], ...] = ()  # (output, its batch axis) != 0
-        # what `collect` returns and where each keeps its rows (checked on every batch)
-        self._returned: tuple[tuple[TensorDesc, ...], tuple[int, ...]] = ((), ())
-        self._rows_first = True  # every output keeps its rows on axis 0
-        # ... and the session returns new arrays of exactly the rows asked for (checked)
-        self._plain_rows = False
-        self.probed: OutputProbe | None = None  # the real output shapes (prepare with probe)
-        self._sizes: dict[ShapeKey, int] = {}  # elements of one row, per item shape key
-        self._layout: Layout | None = None
+        self._queue: queue.SimpleQueue[Run | _Prepare | None] = queue.SimpleQueue()
         self._unbatched = False  # the model has unbatched inputs (no warm-up with zeros)
         self._in_flight: deque[_InFlight] = deque()
         self._ready = threading.Event()
@@ -181,122 +178,31 @@ class ModelWorker:
         self, policy: ShapePolicy, warm: bool, device_state: bool = False, probe: bool = False
     ) -> None:
         """Adopt the model's shape policy; allocate (and, with `warm`, run once at the max
-        batch) the buffers of every shape known now; with `device_state`, ask the session
-        to keep the pool's state in device slots (`state_on_device` says if it does); with
-        `probe`, first run the model at one or two batch sizes and refuse it (`ConfigError`)
-        where an output does not hold the rows on its batch axis (`probed` keeps what it
-        returned). Blocks until the worker thread did it."""
+        batch, timing it: `batch_s`) the buffers of every shape known now; with
+        `device_state`, ask the session to keep the pool's state in device slots
+        (`state_on_device` says if it does); with `probe`, first run the model at one or two
+        batch sizes and refuse it (`ConfigError`) where an output does not hold the rows on
+        its batch axis (`probed` keeps what it returned). Blocks until the worker thread did
+        it."""
         done = threading.Event()
         self._queue.put(_Prepare(policy, warm, done, device_state, probe))
         done.wait()
         if self._init_error is not None:
             raise self._init_error
 
-    def dispatch(self, batch: Batch) -> None:
-        """Queue a batch (the engine's loop thread)."""
-        self._queue.put(batch)
+    def dispatch(self, run: Run) -> None:
+        """Queue a run (the thread executor; any thread that steps the engine)."""
+        self._queue.put(run)
 
-    def run_inline(self, batch: Batch) -> BatchResult:
-        """Run one batch on the calling thread and return its result, for the engine's
-        run-now path (only for sessions any thread may use, on a worker the engine has
-        reserved: nothing of it is in flight). A worker that turns unhealthy here is
-        re-initialised on its own thread."""
-        result, _ = self._collect(self._launch(batch), inline=True)
-        if not self.healthy and not self.dead:
-            self._queue.put(_RECOVER)
-        return result
-
-    @property
-    def takes_items(self) -> bool:
-        """Its session takes one item's arrays as they are with a row axis added (every
-        input batched on axis 0, no sequence state): the engine's one-item lane may run it."""
-        return self.pool is None and self._buffers is not None and self._buffers.plain
-
-    def run_item(
-        self, feed: list[np.ndarray], stream: int, rows: int = 1
-    ) -> tuple[tuple[np.ndarray, ...] | Exception, float, float]:
-        """Run a batch of `rows` rows, `feed` (the session's inputs as they are, rows on
-        axis 0), on the calling thread, for the engine's one-item lane and run-now stretch
-        (on a worker it reserved, with a session any thread may use: `takes_items`): its
-        outputs (their rows checked as every batch's) or the exception the run raised
-        (`failed_inline` handles it as the loop's), and when the run started and ended."""
-        session = self.session
-        run_start = time.perf_counter()
-        try:
-            if session is None:
-                raise BackendError(f"{self.name} has no loaded model (it failed to re-initialise)")
-            if self.at_once:
-                outputs = self._outputs(session.run(feed, rows), rows)
-            else:
-                session.launch(feed, rows, stream)
-                outputs = self._outputs(session.collect(stream), rows)
-        except Exception as e:
-            return e, run_start, time.perf_counter()
-        self.consecutive_failures = 0
-        return outputs, run_start, time.perf_counter()
-
-    def failed_inline(
-        self, batch: Batch, picked: float, run_start: float, error: Exception
-    ) -> BatchResult:
-        """What `run_inline(batch)` returns where its run raised `error`: the one-item
-        lane's failure, counted, logged and re-initialised after as the loop's is."""
-        flight = _InFlight(batch, picked, run_start, error)
-        result, _ = self._collect(flight, inline=True)
-        if not self.healthy and not self.dead:
-            self._queue.put(_RECOVER)
-        return result
-
-    def item_timing(
-        self,
-        key: ShapeKey,
-        stream: int,
-        picked: float,
-        run_start: float,
-        run_end: float,
-        rows: int = 1,
-    ) -> BatchTiming:
-        """The timing record of a `run_item` batch of `rows` rows of item shapes `key`."""
-        if self.at_once:  # nothing to ask the session
-            end = time.perf_counter()
-            return self._run_timing(key, stream, rows, picked, max(run_start, picked), run_end,
-                                    end, self._padding(key, rows))  # fmt: skip
-        return self._timing_of(
-            self.model.name, key, rows, stream, picked, run_start, run_end,
-            self._padding(key, rows),
-        )  # fmt: skip
-
-    def run_timings(
-        self, key: ShapeKey, stream: int, runs: Sequence[tuple[int, float, float]]
-    ) -> list[BatchTiming]:
-        """The timing records of `run_item` batches of item shapes `key` on a session that
-        runs `at_once`, from (rows, run start, run end) each: the engine's run-now stretch
-        times its batches so and makes their records once it has run them."""
-        elements: dict[int, tuple[int, int]] = {}
-        timings = []
-        for rows, start, end in runs:
-            counted = elements.get(rows)
-            if counted is None:
-                counted = elements[rows] = self._padding(key, rows)
-            timings.append(self._run_timing(key, stream, rows, start, start, end, end, counted))
-        return timings
-
-    def _run_timing(
-        self,
-        key: ShapeKey,
-        stream: int,
-        rows: int,
-        picked: float,
-        start: float,
-        end: float,
-        posted: float,
-        elements: tuple[int, int],
-    ) -> BatchTiming:
-        """A finished batch's timing record on a session that runs `at_once`."""
-        return BatchTiming(self.model.name, self.name, rows, key, True, picked, start, end,
-                           posted, NO_STAGES, stream, 0, *elements)  # fmt: skip
+    def execute(self, run: Run) -> RunResult:
+        """Run `run` on the calling thread and return its result (the inline executor: only
+        for sessions any thread may use, on a worker the engine holds for it). An interrupt
+        of the caller (a BaseException that is no Exception, e.g. KeyboardInterrupt) ends
+        the run: the batches not yet run end with an error and the result carries it."""
+        return self._complete(self._launch(run), inline=True)[0]
 
     def stop(self) -> None:
-        """Finish the queued batches, then release the session on the worker thread."""
+        """Finish the queued runs, then release the session on the worker thread."""
         self._queue.put(None)
 
     def join(self, timeout: float | None = None) -> None:
@@ -333,22 +239,17 @@ class ModelWorker:
                 break
             if isinstance(item, _Prepare):
                 self._prepare(item)
-            elif isinstance(item, Batch):
+            else:
                 in_flight.append(self._launch(item))
-            else:  # _RECOVER
-                self._recover()
         while in_flight:
             self._finish(in_flight.popleft())
 
     def _finish(self, flight: _InFlight) -> None:
-        """Collect a launched batch and post its result; then, after a crash, end the
-        thread, or after too many failures in a row, re-initialise the session."""
-        result, crash = self._collect(flight)
+        """Collect a launched run and post its result; after a crash, end the thread."""
+        result, crash = self._complete(flight)
         self._outbox(result)
         if crash is not None:
             raise crash
-        if not self.healthy:
-            self._recover()
 
     def _init(self) -> None:
         session = self._backend.load(self.model, self._device)
@@ -357,67 +258,78 @@ class ModelWorker:
         self.at_once = (  # see `at_once` in __init__
             kind.launch is Session.launch
             and kind.collect is Session.collect
-            and kind.take_device_spans is Session.take_device_spans
             and session.last_stages is None
         )
-        layout = Layout.of(self.model, session.inputs, session.outputs)
+        pad = self.shapes.pad_values if self.shapes is not None else 0.0
+        view = SessionView(self.model, session, pad)
         limit = session.max_batch_size
-        if self._batching and limit is not None and self.model.max_batch_size > limit:
+        if view.batching and limit is not None and self.model.max_batch_size > limit:
             raise ConfigError(
                 f"model {self.model.name!r}: max_batch_size {self.model.max_batch_size} "
-                f"exceeds the {limit} the loaded model accepts{_on_axes(layout)}: set "
+                f"exceeds the {limit} the loaded model accepts{_on_axes(view.layout)}: set "
                 f"max_batch_size: {limit} (and more `instances` for throughput), or re-export "
                 "the model with a dynamic batch dim (docs/own-model.md)"
             )
         self.num_streams = max(1, session.num_streams)
-        self._layout = layout
-        self._moved_outputs = layout.moved_outputs
-        self._returned = (session.outputs, layout.outputs)
-        self._rows_first = all(a == 0 for a in layout.outputs)
-        self._plain_rows = (
-            self._batching
-            and self._rows_first
-            and not self._moved_outputs
-            and not session.reuses_outputs
-        )
-        self._unbatched = bool(layout.unbatched)
-        pad = self.shapes.pad_values if self.shapes is not None else 0.0
-        self._buffers = HostBuffers(session.inputs, self.model.batch_rows, pad, layout.inputs)
+        self._unbatched = bool(view.layout.unbatched)
+        self.view = view
         log.debug("worker_ready", worker=self.name, inputs=[t.describe() for t in session.inputs])
 
     def _prepare(self, item: _Prepare) -> None:
         self.shapes = item.policy
         try:
-            assert self._buffers is not None and self.session is not None
-            self._buffers.pad_values = item.policy.pad_values
-            self._buffers.max_sets = max(self._buffers.max_sets, 2 * len(item.policy.buckets))
+            view, session = self.view, self.session
+            assert view is not None and session is not None
+            buffers = view.buffers
+            buffers.pad_values = item.policy.pad_values
+            buffers.max_sets = max(buffers.max_sets, 2 * len(item.policy.buckets))
             # zeros may not be a value an unbatched input accepts (a sampling rate of 0):
             # such a model gets its buffers but no warm-up run
             warm = item.warm and not self._unbatched
-            keys = item.policy.warm_keys() if self._batching else []
+            keys = item.policy.warm_keys() if view.batching else []
             probed = warm and item.probe and bool(keys)
             if probed:  # its run at the max batch is the first key's warm-up
                 self._probe(keys[0])
             for key in keys:
                 for stream in range(self.num_streams):
-                    feed = self._buffers.zeros(stream, key)
+                    feed = buffers.zeros(stream, key)
                     if warm and not (probed and key == keys[0] and stream == 0):
-                        self.session.run(feed, self.model.batch_rows)
+                        self._timed_run(feed, self.model.batch_rows)
+            if warm and keys:
+                self._time_batch(buffers.zeros(0, keys[0]))
             if item.device_state and self.pool is not None:
                 self.state_on_device = self._open_state()
-            self.session.take_device_spans()  # the warm-up's and probe's runs are no batch's
+            session.take_device_spans()  # the warm-up's and probe's runs are no batch's
         except Exception as e:
             self._init_error = _startup_error(e)
         finally:
             item.done.set()
 
+    def _timed_run(self, feed: list[np.ndarray], rows: int) -> list[np.ndarray]:
+        """A warm-up or probe run; one of a max batch is timed (`batch_s`: the best)."""
+        assert self.session is not None
+        started = time.perf_counter()
+        outputs = self.session.run(feed, rows)
+        if rows == self.model.batch_rows:
+            took = time.perf_counter() - started
+            self.batch_s = took if self.batch_s is None else min(self.batch_s, took)
+        return outputs
+
+    def _time_batch(self, feed: list[np.ndarray]) -> None:
+        """Once more where the warm-up's max batch was short (the first run of a session
+        pays for its set-up): how long a batch really takes decides how runs are cut."""
+        if self.batch_s is not None and self.batch_s < TIMED_TWICE_S:
+            self._timed_run(feed, self.model.batch_rows)
+
     def _probe(self, key: tuple[tuple[int, ...], ...]) -> None:
         """Run zeros of shape `key` at one or two batch sizes; `ConfigError` where an output
         does not have the rows on its batch axis, a warning where it contradicts its
         declared shape."""
-        session, layout = self.session, self._layout
-        assert session is not None and layout is not None
-        seen, verdict = probe_session(self.model.name, session, layout, self.model.batch_rows, key)
+        session, view = self.session, self.view
+        assert session is not None and view is not None
+        seen, verdict = probe_session(
+            self.model.name, session, view.layout, self.model.batch_rows, key, self._timed_run
+        )
         self.probed = seen
         for warning in verdict.warnings:
             log_safely(log.warning, "output_shape_differs", model=self.model.name, detail=warning)
@@ -425,82 +337,135 @@ class ModelWorker:
             raise ConfigError("; ".join(verdict.errors))
 
     def _open_state(self) -> bool:
-        assert self.session is not None and self.pool is not None and self._layout is not None
+        assert self.session is not None and self.pool is not None and self.view is not None
         carried = [(out, i) for out, i, _ in self.pool.carried]
         on_device = self.session.open_state(carried, self.pool.size, self.pool.constant)
         if on_device:  # `collect` returns only the outputs that are not carried
-            outs = {out for out, _ in carried}
-            kept = [i for i in range(len(self.session.outputs)) if i not in outs]
-            axes = tuple(self._layout.outputs[i] for i in kept)
-            self._returned = (tuple(self.session.outputs[i] for i in kept), axes)
-            self._moved_outputs = tuple((k, a) for k, a in enumerate(axes) if a != 0)
-            self._plain_rows = self._plain_rows and not self._moved_outputs
+            self.view.keep_state_on_device([out for out, _ in carried])
         return on_device
 
-    # -- one batch ------------------------------------------------------------------------
+    # -- one run --------------------------------------------------------------------------
 
-    def _launch(self, batch: Batch) -> _InFlight:
-        """Fill the stream's buffers and start the batch. A failure here is reported when
-        the batch is collected, so results still come back in launch order."""
-        picked = time.perf_counter()
-        flight = _InFlight(batch, picked, picked)
+    def _launch(self, run: Run) -> _InFlight:
+        """Start the run's first batch. A failure here is reported when the run is
+        collected, so results still come back in launch order."""
+        flight = _InFlight(run, time.perf_counter(), [])
+        flight.error = self._start(flight, 0)
+        return flight
+
+    def _start(self, flight: _InFlight, i: int) -> BaseException | None:
+        """Feed batch `i` of the flight's run and launch it (a session that runs at once:
+        keep its feed for `_collect`); the exception that stopped it, if any."""
+        run = flight.run
         try:
-            session = self.session
-            if session is None:
+            session, view = self.session, self.view
+            if session is None or view is None:
                 raise BackendError(f"{self.name} has no loaded model (it failed to re-initialise)")
-            assert self._buffers is not None
-            feed = self._buffers.feed(batch)
-            state = _state_rows(batch) if self.state_on_device else None
+            feed = view.feed(run, i)
+            state = _state_rows(run) if self.state_on_device else None
             if state is not None:
                 assert self.pool is not None
                 if self.pool.launching(state):
                     raise self.pool.lost_error()
-            flight.run_start = time.perf_counter()
-            if self.pool is not None and _step_count(batch) > 1:  # step after step at collect
+            if self.pool is not None and _step_count(run) > 1:  # step after step at collect
+                flight.starts.append(time.perf_counter())
                 flight.steps = (feed, state)
+            elif self.at_once:
+                flight.feed = feed
             else:  # `state`: steps whose state is in the session's device slots
-                session.launch(feed, self._rows(batch), batch.stream, state)
+                flight.starts.append(time.perf_counter())
+                session.launch(feed, view.rows_told(self._rows(run, i)), run.stream, state)
         except Exception as e:
-            flight.error = e
-        return flight
+            return e
+        return None
 
-    def _collect(
+    def _collect(self, flight: _InFlight, i: int) -> tuple[np.ndarray, ...]:
+        """The outputs of batch `i` of the flight's run, launched by `_start`."""
+        run, session, view = flight.run, self.session, self.view
+        assert session is not None and view is not None
+        n = self._rows(run, i)
+        if flight.steps is not None:
+            feed, state = flight.steps
+            flight.steps = None
+            return self._run_steps(run, feed, state)
+        if flight.feed is not None:
+            feed, flight.feed = flight.feed, None
+            flight.starts.append(time.perf_counter())
+            outputs = view.outputs(session.run(feed, view.rows_told(n)), n)
+        else:
+            outputs = view.outputs(session.collect(run.stream), n)
+        if self.pool is not None and not self.state_on_device:
+            self.pool.write_back(run, outputs)
+        return outputs
+
+    def _rows(self, run: Run, i: int) -> int:
+        """Rows of batch `i` of `run`."""
+        return min(run.size, run.rows - i * run.size)
+
+    def _complete(
         self, flight: _InFlight, inline: bool = False
-    ) -> tuple[BatchResult, BaseException | None]:
-        """The batch's result, and the exception that must end the thread, if any."""
-        batch = flight.batch
-        error: BaseException | None = flight.error
-        outputs: tuple[np.ndarray, ...] | None = None
-        if error is None:
-            try:
-                assert self.session is not None
-                if flight.steps is not None:
-                    outputs = self._run_steps(batch, *flight.steps)
-                else:
-                    outputs = self._outputs(self.session.collect(batch.stream), batch.rows)
-                    if self.pool is not None and not self.state_on_device:
-                        self.pool.write_back(batch, outputs)
-            except Exception as e:
-                error = e
-            except BaseException as e:
-                if inline:  # e.g. KeyboardInterrupt in the caller: the worker is fine
-                    raise
-                error = e
-        run_end = time.perf_counter()
-        if error is None:
-            self.consecutive_failures = 0
-            return BatchResult(batch, outputs, None, self._timing(flight, run_end, ok=True)), None
+    ) -> tuple[RunResult, BaseException | None]:
+        """Collect the run's first batch, run the others, and its result; and the exception
+        that must end the thread, if any (never inline: an interrupt there is the result's)."""
+        run = flight.run
+        ends: list[float] = []
+        outcomes: list[Outcome] = []
+        failed: list[int] = []
+        stages: list[dict[str, float]] = []
+        error, crash, interrupt = flight.error, None, None
+        batches = run.batches
+        for i in range(batches):
+            if i:
+                error = self._start(flight, i)
+            if error is None:
+                try:
+                    outcomes.append(self._collect(flight, i))
+                except Exception as e:
+                    error = e
+                except BaseException as e:  # KeyboardInterrupt, SystemExit, ...
+                    error = e
+                    if inline:
+                        interrupt = e
+                    else:
+                        crash = e
+            ends.append(time.perf_counter())
+            if len(flight.starts) < len(ends):  # the batch failed before the backend was called
+                flight.starts.append(ends[-1])
+            last = self.session.last_stages if self.session is not None else None
+            if last is not None:  # a backend that splits its runs into stages
+                stages.append(dict(last))
+            if error is None:
+                self.consecutive_failures = 0
+                continue
+            failed.append(i)
+            outcomes.append(self._failed(run, error, crash is not None or interrupt is not None))
+            if crash is not None or interrupt is not None:
+                cut = RequestCancelled(f"run of {run.model!r} interrupted: {type(error).__name__}")
+                outcomes += [cut] * (batches - i - 1)
+                failed += range(i + 1, batches)
+                ends += [ends[-1]] * (batches - i - 1)
+                flight.starts += [ends[-1]] * (batches - i - 1)
+                break
+            if not self.healthy and not self.dead:
+                self._recover()
+            error = None
+        if self.dead and len(outcomes) < batches:  # it died in a re-load: the rest fail
+            cause = BackendError(f"{self.name} died while re-loading its model")
+            failed += range(len(outcomes), batches)
+            outcomes += [cause] * (batches - len(outcomes))
+        timing = self._timing(flight, ends, tuple(failed), tuple(stages))
+        return RunResult(run, outcomes, timing, interrupt), crash
+
+    def _failed(self, run: Run, error: BaseException, crash: bool) -> BaseException:
+        """Count, log and name a batch's failure; what its rows end with."""
         if isinstance(error, StateLost | OutputMismatch):  # not the session's: no failure
             if isinstance(error, OutputMismatch):
-                ids = [s.work.id for s in batch.slices]
+                ids = [s.work.id for s in run.slices]
                 log_safely(log.error, "batch_failed", worker=self.name, work_id=ids,
                            error="OutputMismatch", detail=str(error))  # fmt: skip
-            timing = self._timing(flight, run_end, ok=False)
-            return BatchResult(batch, None, error, timing), None
-        crash = None if isinstance(error, Exception) else error
+            return error
         self.consecutive_failures += 1
-        was_healthy = self.healthy
-        if crash is not None or self.consecutive_failures >= self.model.health.max_failures:
+        if crash or self.consecutive_failures >= self.model.health.max_failures:
             self.healthy = False  # before the engine hears of the result
         if not isinstance(error, InferchainError):
             error = BackendError(f"{self.name}: {type(error).__name__}: {error}")
@@ -508,29 +473,28 @@ class ModelWorker:
             log.error,
             "batch_failed",
             worker=self.name,
-            work_id=[s.work.id for s in batch.slices],
+            work_id=[s.work.id for s in run.slices],
             error=type(error).__name__,
             code=getattr(error, "code", None),
             code_name=getattr(error, "name", None),
             detail=str(error),
         )
-        timing = self._timing(flight, run_end, ok=False)
-        return BatchResult(batch, None, error, timing, was_healthy and not self.healthy), crash
+        return error
 
     def _run_steps(
-        self, batch: Batch, feed: list[np.ndarray], state: StateRows | None
+        self, run: Run, feed: list[np.ndarray], state: StateRows | None
     ) -> tuple[np.ndarray, ...]:
         """Run the K steps of a multi-step batch one after the other (a cohort's Work, alone
-        in its batch), each step's carried outputs the next one's carried inputs; every
-        output comes back as [rows, K, *item]. The carried state of the last step goes to
-        the pool's lanes (or stays in the device lanes)."""
-        assert self.session is not None and self.pool is not None and self._layout is not None
-        session, n, stream = self.session, batch.rows, batch.stream
-        size = self._rows(batch)
-        s = batch.slices[0]
+        in its run), each step's carried outputs the next one's carried inputs; every output
+        comes back as [rows, K, *item]. The carried state of the last step goes to the
+        pool's lanes (or stays in the device lanes)."""
+        session, view, pool = self.session, self.view, self.pool
+        assert session is not None and view is not None and pool is not None
+        n, stream = run.rows, run.stream
+        s = run.slices[0]
         steps = s.work.steps
         assert steps is not None and steps.ahead is not None
-        in_axes = self._layout.inputs
+        in_axes = view.layout.inputs
         feed = list(feed)
         stacked: list[np.ndarray] = []
         outputs: tuple[np.ndarray, ...] = ()
@@ -539,10 +503,10 @@ class ModelWorker:
                 for i, rows in steps.ahead.items():  # this step's rows, in the model's layout
                     feed[i] = _laid_out(rows[s.start : s.stop, k], in_axes[i])
                 if state is None:  # the state the last step left (its rows first)
-                    for out, i, _ in self.pool.carried:
+                    for out, i, _ in pool.carried:
                         feed[i] = _laid_out(outputs[out], in_axes[i])
-            session.launch(feed, size, stream, state)
-            outputs = self._outputs(session.collect(stream), n)
+            session.launch(feed, view.rows_told(n), stream, state)
+            outputs = view.outputs(session.collect(stream), n)
             if k == 0 and state is not None:  # in the device slots now, for every row
                 state = state.stepped()
             if not stacked:
@@ -550,133 +514,39 @@ class ModelWorker:
             for whole, o in zip(stacked, outputs, strict=True):
                 whole[:, k] = o
         if state is None:
-            self.pool.write_back(batch, outputs)
+            pool.write_back(run, outputs)
         return tuple(stacked)
 
-    def _rows(self, batch: Batch) -> int:
-        """The batch size the session is told: the batch's rows (0 where the model takes
-        its inputs whole)."""
-        return batch.rows if self._batching else 0
-
-    def _outputs(self, outputs: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, ...]:
-        """The first `n` rows of each output, on axis 0 (a model that does not batch: the
-        outputs whole)."""
-        if self._plain_rows:  # the common case, checked in one loop
-            for o in outputs:
-                if o.ndim == 0 or len(o) != n:
-                    break
-            else:
-                return tuple(outputs)
-        assert self.session is not None
-        if not self._batching:
-            return tuple(outputs)
-        descs, axes = self._returned
-        padded = self.session.max_batch_size
-        if self._rows_first:  # the common case, checked without a call
-            for o in outputs:
-                if o.ndim == 0 or (len(o) != n and len(o) != padded):
-                    check_rows(self.model.name, descs, axes, outputs, n, padded)  # raises
-        else:
-            check_rows(self.model.name, descs, axes, outputs, n, padded)
-        if self._moved_outputs:
-            moved = list(outputs)
-            for i, axis in self._moved_outputs:  # a view: rows first, no copy
-                moved[i] = rows_first(moved[i], axis)
-            outputs = moved
-        if self.session.reuses_outputs:
-            return tuple(np.array(o[:n]) for o in outputs)
-        if len(outputs) == 1 and len(outputs[0]) == n:  # the common case, without a loop
-            return (outputs[0],)
-        return tuple(o if len(o) == n else o[:n] for o in outputs)
-
-    def _elements(self, batch: Batch) -> tuple[int, int]:
-        """Input elements the model ran for `batch` (its batched inputs, padding included),
-        and of those padding: rows up to the session's padded batch, dims up to the key."""
-        key, rows, slices = batch.shape_key, batch.rows, batch.slices
-        if len(slices) == 1 and slices[0].work.exact == key:
-            return self._padding(key, rows)  # the common case: rows padded at most
-        session = self.session
-        if not self._batching or session is None:
-            return 0, 0
-        ran = session.padded_rows(rows)
-        per_row = self._row_elements(key)
-        useful = sum(s.rows * self._row_elements(s.work.exact) for s in slices)
-        return ran * per_row, ran * per_row - useful
-
-    def _padding(self, key: ShapeKey, rows: int) -> tuple[int, int]:
-        """`_elements` of `rows` rows of exactly the item shapes `key`."""
-        session = self.session
-        if not self._batching or session is None:
-            return 0, 0
-        ran = session.padded_rows(rows)
-        per_row = self._row_elements(key)
-        return ran * per_row, (ran - rows) * per_row
-
-    def _row_elements(self, key: ShapeKey) -> int:
-        """Elements of one row of the batched inputs of item shapes `key` (memoised)."""
-        found = self._sizes.get(key)
-        if found is None:
-            assert self._layout is not None
-            axes = self._layout.inputs
-            found = sum(math.prod(s) for s, a in zip(key, axes, strict=True) if a is not None)
-            if len(self._sizes) < 1024:
-                self._sizes[key] = found
-        return found
-
-    def _timing(self, flight: _InFlight, run_end: float, ok: bool) -> BatchTiming:
-        batch = flight.batch
+    def _timing(
+        self,
+        flight: _InFlight,
+        ends: list[float],
+        failed: tuple[int, ...],
+        stages: tuple[dict[str, float], ...],
+    ) -> RunTiming:
+        run, session, view = flight.run, self.session, self.view
         steps = 0
         if self.pool is not None:
-            steps = sum(
-                s.rows * _step_count(batch) for s in batch.slices if s.work.steps is not None
-            )
-        return self._timing_of(
-            batch.model, batch.shape_key, batch.rows, batch.stream, flight.picked,
-            flight.run_start, run_end, self._elements(batch), ok, steps,
-        )  # fmt: skip
-
-    def _timing_of(
-        self,
-        model: str,
-        key: ShapeKey,
-        rows: int,
-        stream: int,
-        picked: float,
-        run_start: float,
-        run_end: float,
-        elements: tuple[int, int],
-        ok: bool = True,
-        steps: int = 0,
-    ) -> BatchTiming:
-        session = self.session
-        stages = getattr(session, "last_stages", None)
-        return BatchTiming(
-            model,
-            self.name,
-            rows,
-            key,
-            ok,
-            picked,
-            max(run_start, picked),
-            run_end,
-            time.perf_counter(),
-            dict(stages) if stages else NO_STAGES,
-            stream,
-            steps,
-            elements[0],
-            elements[1],
+            count = _step_count(run)
+            steps = sum(s.rows * count for s in run.slices if s.work.steps is not None)
+        elements = view.elements(run) if view is not None else (0, 0)
+        return RunTiming(
+            run.model, self.name, run.stream, run.shape_key, run.rows, run.size, flight.picked,
+            flight.starts, ends, time.perf_counter(), failed, stages, steps, *elements,
             session.take_device_spans() if session is not None else (),
-        )
+        )  # fmt: skip
 
     # -- failures -------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        """Re-initialise the session after `max_failures` failed batches in a row."""
+        """Re-initialise the session after `max_failures` failed batches in a row (on the
+        thread running the run that failed; nothing else of this worker is in flight once
+        the runs launched before it are collected)."""
         log_safely(
             log.warning, "worker_unhealthy", worker=self.name, failures=self.consecutive_failures
         )
         while self._in_flight:  # nothing may be in flight when the session goes
-            result, _ = self._collect(self._in_flight.popleft())
+            result, _ = self._complete(self._in_flight.popleft())
             self._outbox(result)
         self._release()
         try:
@@ -698,21 +568,20 @@ class ModelWorker:
         self.dead = True
         self.healthy = False
         cause = BackendError(f"{self.name} died: {type(error).__name__}: {error}")
-        pending = [f.batch for f in self._in_flight]
+        pending = [f.run for f in self._in_flight]
         self._in_flight.clear()
         while True:  # fail everything queued before anything else can go wrong
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, Batch):
+            if isinstance(item, Run):
                 pending.append(item)
             elif isinstance(item, _Prepare):
                 item.done.set()
         now = time.perf_counter()
-        for batch in pending:
-            flight = _InFlight(batch, now, now)
-            self._outbox(BatchResult(batch, None, cause, self._timing(flight, now, ok=False)))
+        for run in pending:
+            self._outbox(failed_run(run, self.name, cause, now))
         self._outbox(WorkerChanged(self.model.name, self.index))
         log_safely(
             log.error,
@@ -724,8 +593,9 @@ class ModelWorker:
 
     def _release(self) -> None:
         session, self.session = self.session, None
-        if self._buffers is not None:
-            self._buffers.clear()
+        if self.view is not None:
+            self.view.buffers.clear()
+            self.view = None
         if session is None:
             return
         try:

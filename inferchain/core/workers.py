@@ -1,7 +1,7 @@
-"""WorkerSet: one model's workers as the engine dispatches to them: streams, capacity, load.
+"""WorkerSet: one model's workers as the engine dispatches to them: streams, room, run length.
 
-The engine's loop is the one writer of every field; `run_now` writes them under the
-engine's lock too.
+The engine's step is the one writer of every field (under the engine's lock, whichever
+thread steps it).
 """
 
 from __future__ import annotations
@@ -11,28 +11,44 @@ from typing import TYPE_CHECKING
 
 from inferchain.config import ModelConfig
 from inferchain.core.batcher import ModelBatcher
-from inferchain.core.records import BatchResult
 from inferchain.shapes import ShapePolicy
 
 if TYPE_CHECKING:  # the engine reads a worker's surface only: no backend is imported
     from inferchain.core.worker import ModelWorker
 
-QUEUE_S = 0.002  # seconds of batches a one-stream worker may hold at once ...
-QUEUE_MAX = 32  # ... up to this many batches
+RUN_S = 0.002  # seconds of batches one run holds, at most ...
+RUN_MAX = 32  # ... and this many batches
+UNTIMED_MAX = 32  # runs a one-stream worker whose batches were never timed may hold
+
+
+def run_batches(batch_s: float | None) -> int:
+    """Batches in one run of a worker whose max batch took `batch_s` seconds at warm-up:
+    as many as run in about RUN_S, so that a run of short batches costs one hand-off and
+    one record, while a long batch stays a run of its own; 1 where it was never timed.
+    Chosen once, at start: the same work is cut the same way however busy the machine."""
+    if batch_s is None or batch_s <= 0:
+        return 1
+    return max(1, min(RUN_MAX, int(RUN_S / batch_s)))
 
 
 class WorkerSet:
     """One model as the engine sees it: its batcher, its workers and their free streams.
 
-    A worker with several streams holds one batch per stream. A worker with one stream takes
-    several batches at once on it, as many as run in about QUEUE_S (at least 2): the next
-    ones wait in its queue while one runs, so short batches leave no idle gap of a thread
-    hand-off between them.
+    A worker with several streams holds one run per stream. A worker with one stream holds
+    two runs: the next one waits in its queue while one runs, so no hand-off gap is left
+    between them (up to UNTIMED_MAX runs of one batch where its batches were never timed, as
+    without a warm-up). A worker that runs a run inline (on the thread stepping the engine)
+    takes nothing else until it is back.
     """
 
     def __init__(
-        self, config: ModelConfig, workers: Sequence[ModelWorker], shapes: ShapePolicy
+        self,
+        config: ModelConfig,
+        workers: Sequence[ModelWorker],
+        shapes: ShapePolicy,
+        inline: bool = False,
     ) -> None:
+        """`inline`: its sessions may run on any thread (the inline executor may run them)."""
         self.config = config
         self.name = config.name
         self.batcher = ModelBatcher(config)
@@ -40,16 +56,19 @@ class WorkerSet:
         self.crops = shapes.crops
         self.longest = shapes.longest  # a batch is padded to its rows' envelope
         self.fail_fast = config.health.while_unhealthy == "fail"
+        self.inline = inline
         self.free: list[list[int]] = [list(range(w.num_streams)) for w in workers]
-        self.in_flight = [0] * len(workers)  # batches dispatched and not yet back
-        self.batch_s = [0.0] * len(workers)  # moving average of a batch's wall time
+        self.in_flight = [0] * len(workers)  # runs dispatched and not yet back
+        self.held = [False] * len(workers)  # running a run inline
+        self.batches = [run_batches(w.batch_s) if w.num_streams == 1 else 1 for w in workers]
+        self._held_max = [  # runs each may hold at once
+            w.num_streams if w.num_streams > 1 else 2 if w.batch_s else UNTIMED_MAX
+            for w in workers
+        ]
 
     def capacity(self, w: ModelWorker) -> int:
-        """Batches `w` may hold at once."""
-        if w.num_streams > 1:
-            return w.num_streams
-        avg = self.batch_s[w.index]
-        return QUEUE_MAX if avg <= 0 else max(2, min(QUEUE_MAX, int(QUEUE_S / avg)))
+        """Runs `w` may hold at once."""
+        return 0 if self.held[w.index] else self._held_max[w.index]
 
     def idle(self, w: ModelWorker) -> bool:
         """Nothing of `w` is in flight."""
@@ -57,36 +76,27 @@ class WorkerSet:
 
     @property
     def busy(self) -> bool:
-        """Some worker has a batch in flight."""
+        """Some worker has a run in flight."""
         return any(self.in_flight)
 
-    def take_stream(self, w: ModelWorker) -> int:
+    def take_stream(self, w: ModelWorker, inline: bool = False) -> int:
+        """A free stream of `w` for a run (held by an inline run with `inline`)."""
         self.in_flight[w.index] += 1
+        self.held[w.index] = inline
         return self.free[w.index].pop() if w.num_streams > 1 else 0
 
-    def give_back(self, result: BatchResult) -> None:
-        t = result.timing
-        self.give_back_stream(result.batch.worker, result.batch.stream, t.end - t.picked)
-
-    def give_back_stream(self, i: int, stream: int, wall: float) -> None:
-        """Worker `i`'s `stream` is free again after a batch of `wall` seconds."""
+    def give_back_stream(self, i: int, stream: int) -> None:
+        """Worker `i`'s `stream` is free again after a run."""
         self.in_flight[i] -= 1
+        self.held[i] = False
         if self.workers[i].num_streams > 1:
             self.free[i].append(stream)
-        self.batch_s[i] = wall if self.batch_s[i] <= 0 else 0.8 * self.batch_s[i] + 0.2 * wall
-
-    def idle_worker(self) -> ModelWorker | None:
-        """A healthy worker with nothing in flight."""
-        for w in self.workers:
-            if w.healthy and self.idle(w):
-                return w
-        return None
 
     def healthy(self) -> list[ModelWorker]:
         return [w for w in self.workers if w.healthy]
 
     def unusable(self) -> str | None:
-        """Why no batch can run on this model ("dead", "unhealthy" with `fail` health), or
+        """Why no run can go to this model ("dead", "unhealthy" with `fail` health), or
         None."""
         if all(w.dead for w in self.workers):
             return "dead"
@@ -95,5 +105,5 @@ class WorkerSet:
         return None
 
     def open_room(self) -> dict[int, int]:
-        """Per healthy worker (index), the batches it may still take."""
+        """Per healthy worker (index), the runs it may still take."""
         return {w.index: self.capacity(w) - self.in_flight[w.index] for w in self.healthy()}

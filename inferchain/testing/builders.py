@@ -1,7 +1,8 @@
 """Builders of the core's records for tests that drive its layers without threads.
 
-The batcher, the Scheduler and the engine's step are tested through these, as vLLM tests its
-scheduler through `create_scheduler` / `create_requests`: one place builds a Work the way
+The batcher, the Scheduler and the engine's step are tested through these (`create_engine`
+builds the engine as `OfflineInference` does, on fake workers), as vLLM tests its scheduler
+through `create_scheduler` / `create_requests`: one place builds a Work the way
 `OfflineInference` does (ids, per-item Requests tied to their rows), so the tests of every
 layer see the same records.
 """
@@ -9,16 +10,23 @@ layer see the same records.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
 
 from inferchain.config import ModelConfig, SchedulerConfig
 from inferchain.core.batcher import ModelBatcher
+from inferchain.core.engine import ExecutionEngine
+from inferchain.core.inbox import Inbox
 from inferchain.core.request import Request, RequestState
 from inferchain.core.scheduler import Scheduler
+from inferchain.core.sequences import Sequences
 from inferchain.core.work import Work
-from inferchain.shapes import ShapeKey
+from inferchain.core.workers import WorkerSet
+from inferchain.metrics import Metrics
+from inferchain.shapes import ShapeKey, ShapePolicy
+from inferchain.tensors import TensorDesc
 
 S = RequestState
 
@@ -110,3 +118,30 @@ def create_work(
         for r in work.requests or ():
             r.transition(S.READY)
     return work
+
+
+def create_engine(
+    model: ModelConfig,
+    workers: Sequence[Any],
+    *,
+    inline: bool = False,
+    width: int = 4,
+    max_queue_size: int = 1000,
+) -> ExecutionEngine:
+    """An ExecutionEngine over `model` (x f32[N, width] -> y f32[N, width]) on `workers`:
+    objects with a ModelWorker's surface (`index`, `name`, `num_streams`, `batch_s`,
+    `healthy`, `dead`, `dispatch(run)`, `execute(run)`, `stop()`, `join()`), built whole as
+    `OfflineInference.init()` builds it, its threads never started: a test steps it itself
+    (`engine._step_and_after(now)`, or `engine.run_until(work)` from the test's thread).
+    `inline`: the model's sessions may run on any thread (the inline executor)."""
+    desc = [TensorDesc("x", (None, width), np.float32)]
+    shapes = ShapePolicy(model, desc, [TensorDesc("y", (None, width), np.float32)])
+    metrics = Metrics([model.name])
+    return ExecutionEngine(
+        Scheduler(SchedulerConfig(), [model]),
+        [WorkerSet(model, workers, shapes, inline)],
+        Sequences(),
+        metrics,
+        Inbox(),
+        max_queue_size=max_queue_size,
+    )
