@@ -206,7 +206,7 @@ class ModelMetrics:
         self.first_submit: float | None = None
         self.last_done: float | None = None
         self._slices: deque[_Stamp] = deque(maxlen=_CAPACITY)
-        self.timeline: deque[RunTiming] = deque(maxlen=_TIMELINE)
+        self.runs: deque[RunTiming] = deque(maxlen=_TIMELINE)  # the timeline, run by run
         self.busy: dict[str, BusyClock] = {}  # per worker name
         self.elements = 0  # input elements run, and of those padding
         self.padded = 0
@@ -259,7 +259,7 @@ class ModelMetrics:
                 self.first_submit = first
             self.last_done = end
             self._slices.extend(stamps)
-            self.timeline.append(timing)
+            self.runs.append(timing)
             clock = self.busy.get(timing.worker)
             if clock is None:
                 clock = self.busy[timing.worker] = BusyClock()
@@ -276,7 +276,7 @@ class ModelMetrics:
         """Seconds per stage (`end_to_end` included), the latest samples of each."""
         with self._lock:
             slices = list(self._slices)
-            runs = list(self.timeline)
+            runs = list(self.runs)
         if not slices:
             return {stage: np.empty(0) for stage in STAGES}
         a = np.array([s[1:6] for s in slices], dtype=float)
@@ -302,7 +302,7 @@ class ModelMetrics:
     def batches(self) -> list[BatchTiming]:
         """The recorded timeline, a record per batch."""
         with self._lock:
-            runs = list(self.timeline)
+            runs = list(self.runs)
         return [b for r in runs for b in batch_timings(r)]
 
     def snapshot(self) -> tuple[ModelStats, dict[str, np.ndarray]]:

@@ -201,6 +201,9 @@ def test_rows_of_several_works_share_a_batch_and_a_long_work_spans_batches() -> 
     h.work(6)
     h.step(T0)  # admitted: the window runs from now
     h.step(T0 + WINDOW)
+    assert spans(h.dispatched()) == [[(1, 0, 3), (4, 0, 1)], [(4, 1, 5)]]  # two in flight
+    h.finish(h.dispatched()[0])
+    h.step(T0 + WINDOW)
     assert spans(h.dispatched()) == [[(1, 0, 3), (4, 0, 1)], [(4, 1, 5)], [(4, 5, 6)]]
 
 

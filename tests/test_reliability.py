@@ -24,8 +24,6 @@ from hypothesis.stateful import (
 )
 
 import inferchain as ic
-import inferchain.core.engine as engine_module
-import inferchain.core.workers as workers_module
 from inferchain import RequestState as S
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
 from inferchain.testing.faults import FaultyBackend
@@ -144,10 +142,8 @@ def test_priority_order_end_to_end(mlp_path: Path) -> None:
     )
 
 
-def test_cancelling_the_last_ready_rows_settles_their_work_once(
-    mlp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(workers_module, "QUEUE_MAX", 2)  # the worker holds two batches at most
+def test_cancelling_the_last_ready_rows_settles_their_work_once(mlp_path: Path) -> None:
+    # the worker holds two runs (here batches) at most
     r = mlp(mlp_path, max_batch_size=1, max_queue_delay_ms=1000)
     oi, backend = faulty(r, hold_runs={1})
     with oi:
@@ -353,10 +349,7 @@ def test_a_failing_logger_strands_nothing(mlp_path: Path) -> None:
 # -- streams on the caller's thread ------------------------------------------------------
 
 
-def test_a_stream_on_an_idle_model_runs_on_the_callers_thread(
-    mlp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(engine_module, "INLINE_S", 1.0)  # no batch is "long" on a busy machine
+def test_a_stream_on_an_idle_model_runs_on_the_callers_thread(mlp_path: Path) -> None:
     xs = np.random.default_rng(5).standard_normal((40, 64)).astype(np.float32)
     (expected,) = ort.InferenceSession(str(mlp_path)).run(None, {"x": xs})
     oi, backend = faulty(mlp(mlp_path))
@@ -368,19 +361,19 @@ def test_a_stream_on_an_idle_model_runs_on_the_callers_thread(
     assert stats.requests == 40 and stats.batch_sizes == {4: 10}
 
 
-def test_a_stream_hands_its_rows_to_the_loop_once_batches_are_slow(
-    mlp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_stream_over_two_instances_runs_on_the_callers_thread_and_a_workers_at_once(
+    mlp_path: Path,
 ) -> None:
-    monkeypatch.setattr(engine_module, "INLINE_S", 0.0)  # any batch measured is "long"
     xs = np.random.default_rng(6).standard_normal((40, 64)).astype(np.float32)
     (expected,) = ort.InferenceSession(str(mlp_path)).run(None, {"x": xs})
-    oi, backend = faulty(mlp(mlp_path))
+    oi, backend = faulty(mlp(mlp_path, instances=2))
     with oi:
         got = np.stack([m["y"] for m in oi.map("m", xs)])
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     threads = backend.run_threads
-    assert threads[0] == "MainThread"  # nothing measured yet; then it took longer than that
-    assert set(threads[1:]) == {"inferchain-worker-m#0"} and len(threads) == 10
+    assert threads[0] == "MainThread"  # the caller runs one instance's runs ...
+    assert "inferchain-worker-m#1" in threads  # ... while the other's thread runs beside it
+    assert "inferchain-worker-m#0" not in threads and len(threads) == 10
 
 
 def test_a_stream_yields_to_work_that_arrives_meanwhile(mlp_path: Path) -> None:

@@ -419,13 +419,13 @@ def test_schedule_with_nothing_to_do_returns_the_empty_plan() -> None:
     assert scheduler.schedule(0.0) is EMPTY_PLAN
 
 
-# -- admit_now --------------------------------------------------------------------------------
+# -- admit: a work that arrives alone -------------------------------------------------------
 
 
-def test_admit_now_admits_at_once_when_the_model_has_nothing_waiting() -> None:
+def test_admit_admits_at_once_when_the_model_has_nothing_waiting() -> None:
     scheduler = create_scheduler({"a": 2})
     work = create_work(1, rows=2)
-    assert scheduler.admit_now(work, 0.0)
+    assert scheduler.admit(work, 0.0)
     assert work.state is S.READY
     scheduler.add(create_work(3))
     assert scheduler.schedule(0.0).admitted == ()  # its slots are held
@@ -433,22 +433,22 @@ def test_admit_now_admits_at_once_when_the_model_has_nothing_waiting() -> None:
     assert ids(scheduler.schedule(0.0).admitted) == [3]
 
 
-def test_admit_now_refuses_without_queueing_when_it_would_jump_the_queue() -> None:
+def test_admit_queues_what_would_jump_the_queue_or_does_not_fit() -> None:
     scheduler = create_scheduler({"a": 1, "b": 1})
     scheduler.add(create_work(1, "a"))
     scheduler.add(create_work(2, "a"))
     scheduler.schedule(0.0)
     behind = create_work(3, "a")  # work 2 is waiting
-    assert not scheduler.admit_now(behind, 0.0)
-    scheduler.admit_now(create_work(4, "b"), 0.0)
+    assert not scheduler.admit(behind, 0.0)
+    assert scheduler.admit(create_work(4, "b"), 0.0)
     no_room = create_work(5, "b")
-    assert not scheduler.admit_now(no_room, 0.0)
+    assert not scheduler.admit(no_room, 0.0)
     with_deps = create_work(6, "b", depends_on=[create_request(100)])
-    assert not scheduler.admit_now(with_deps, 0.0)
+    assert not scheduler.admit(with_deps, 0.0)
     for w in (behind, no_room, with_deps):
         assert w.state is S.WAITING
-    assert ids(scheduler.waiting_works()) == [2]
-    assert scheduler.num_waiting == 1
+    assert ids(scheduler.waiting_works()) == [2, 3, 5, 6]  # queued, as add() queues them
+    assert scheduler.num_waiting == 4
 
 
 # -- the real Scheduler beside a model of it --------------------------------------------------

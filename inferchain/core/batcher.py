@@ -57,11 +57,17 @@ class ModelBatcher:
         self.num_ready += left
 
     def due(
-        self, now: float, all_idle: bool, skip: frozenset[BatchKey] | set[BatchKey] = frozenset()
+        self,
+        now: float,
+        all_idle: bool,
+        skip: frozenset[BatchKey] | set[BatchKey] = frozenset(),
+        caller: Work | None = None,
     ) -> tuple[BatchKey | None, bool, float]:
         """The group to send now (the one whose oldest work waited longest among those
         due, `skip` left out), whether its last batch may leave partial (else it waits for
-        more rows), and when the next window expires."""
+        more rows), and when the next window expires. `caller`: the work of a caller that
+        waits for it on its own thread (`run_until`): on an idle model it leaves at once,
+        whatever the batching mode (no other row can come from that caller)."""
         best: BatchKey | None = None
         best_t = next_due = float("inf")
         partial = False
@@ -69,7 +75,7 @@ class ModelBatcher:
             for key, group in self.groups.items():
                 if key in skip:
                     continue
-                if self._run_over(group[0]):
+                if self._run_over(group[0]) or (all_idle and group[0] is caller):
                     return key, True, next_due
                 if self._rows[key] >= self.max_rows:
                     return key, False, next_due
@@ -81,7 +87,7 @@ class ModelBatcher:
             if head is None:
                 head = now
             may_part = (
-                (all_idle and not self.wait)
+                (all_idle and (not self.wait or group[0] is caller))
                 or self.flushing
                 or group[0].alone
                 or head + self.delay <= now

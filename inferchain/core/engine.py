@@ -84,7 +84,7 @@ class ExecutionEngine:
         self._flush = False  # a flush of `batching: fill` / `wait` models was asked for ...
         self._flush_if_stalled = False  # ... or one only when nothing else can run
         self._here: list[tuple[ModelWorker, Run]] = []  # inline runs of a caller's step
-        self._inline = 0  # inline runs not yet settled
+        self._inline: list[Run] = []  # inline runs not yet settled
         self._inline_back = threading.Condition(self._lock)  # close() waits for them here
         self._closing = False
         self._halted = False  # close() stopped the workers: nothing more is dispatched
@@ -141,26 +141,46 @@ class ExecutionEngine:
         self._inbox.wake()
 
     def run_until(self, work: Work) -> bool:
-        """Submit a bulk `work` and step the engine on this thread while it runs here (a
+        """Submit a bulk `work` and step the engine on this thread while it can run here (a
         run of it on a free worker of a model whose sessions may run on any thread: the
-        inline executor); True once it has finished, False where it waits for the loop and
-        the worker threads (`work.wait()` then returns once they finished it)."""
+        inline executor, one run per step, settled as soon as it is back); True once it has
+        finished, False where it waits for the loop and the worker threads (`work.wait()`
+        returns once they finished it). An interrupt of this thread in a run (e.g.
+        KeyboardInterrupt) ends the work's rows not yet run, then is raised here."""
         self.ledger.enqueue(work, block=True, bounded=True)
         self._inbox.submitted.append(work)
-        lock = self._lock
+        result: RunResult | None = None
         while True:
-            with lock:
-                timeout = self._step(time.perf_counter(), work)
-                runs, self._here = self._here, []
-                if not runs:
+            with self._lock:
+                timeout = None
+                if result is not None:
+                    self._on_result(result)
+                    if result.interrupt is not None:
+                        why = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
+                        self.ledger.drop_rows(work, why, S.CANCELLED)
+                here = None
+                if not work.done and (result is None or result.interrupt is None):
+                    timeout = self._step(time.perf_counter(), work)
+                    if self._here:
+                        here = self._here.pop()
+                if here is None:
                     if not work.done:
                         work.arm()
-                    later = timeout is not None or self._inbox.news or self._landed_or_listening
+                    # the loop times what waits, dispatches what the run's worker held up and
+                    # runs the code left for after a step
+                    ledger = self.ledger
+                    later = (
+                        timeout is not None
+                        or bool(ledger.landed or ledger.listening)
+                        or self._models[work.model].batcher.num_ready > 0
+                        or self._scheduler.has_news
+                    )
                     break
-            for worker, run in runs:
-                self._run_inline(worker, run, work)
-        if later:  # a window or deadline to time, results to take, code to run after
+            result = self._execute(*here)
+        if later or (result is not None and result.interrupt is not None):
             self._inbox.wake()
+        if result is not None and result.interrupt is not None:
+            raise result.interrupt
         return work.done
 
     def flush(self, *, if_stalled: bool = False) -> None:
@@ -190,14 +210,15 @@ class ExecutionEngine:
             for m in self._models.values():
                 works.extend(w for g in m.batcher.groups.values() for w in g)
             works.extend(self._scheduler.waiting_works())
+            works.extend(s.work for run in self._inline for s in run.slices)  # not yet run
         for work in works:
             if work.requests is None:
                 work.cancel()
         return self.ledger.cancel_live()
 
     def wait_all(self, timeout: float | None = None) -> bool:
-        """WaitForAllTaskDone: True once every submitted work has finished (within
-        `timeout` seconds in all)."""
+        """WaitForAllTaskDone: True once every submitted work has finished and no worker is
+        re-initialising (within `timeout` seconds in all)."""
         return self.ledger.wait_all(timeout)
 
     def lookup(self, id: int) -> Request | None:
@@ -280,13 +301,15 @@ class ExecutionEngine:
     # -- the phases of a step (under `_lock`) ---------------------------------------------
 
     def _take_results(self) -> None:
-        """Phase 1: the executors' records (a WorkerChanged needs nothing more: the
-        dispatch of this step sees the worker as it is now)."""
+        """Phase 1: the executors' records (after a WorkerChanged, the dispatch of this step
+        sees the worker as it is now)."""
         posted = self._inbox.posted
         while posted:
             record = posted.popleft()
             if type(record) is RunResult:
                 self._on_result(record)
+            else:  # healthy again after a re-load, or dead
+                self.ledger.recovering_changed(-1)
 
     def _take_submissions(self, now: float) -> None:
         """Phase 2: new works into the Scheduler, then the cancels. Cancels are taken
@@ -320,7 +343,7 @@ class ExecutionEngine:
         unblock, fail or make room for others)."""
         plan = self._scheduler.schedule(now)
         while plan.admitted or plan.expired or plan.failed:
-            self._apply(plan, now)
+            self._apply(plan)
             plan = self._scheduler.schedule(now)
 
     def _ready(self, work: Work, now: float) -> None:
@@ -330,7 +353,8 @@ class ExecutionEngine:
             advance(work.requests, S.READY, work.lock, now)
         self.ledger.unqueue(work.rows)
 
-    def _apply(self, plan: Plan, now: float) -> None:
+    def _apply(self, plan: Plan) -> None:
+        now = time.perf_counter()  # not the step's: a dependency may have ended within it
         for work in plan.admitted:
             self._ready(work, now)
         for work in plan.expired:
@@ -385,7 +409,7 @@ class ExecutionEngine:
             open_ = [w for w in healthy if room[w.index] > 0]
             if not open_:
                 break
-            key, partial, due_at = batcher.due(now, all_idle, skip)
+            key, partial, due_at = batcher.due(now, all_idle, skip, caller)
             if key is None:
                 return due_at
             worker = self._worker_for(model, batcher.pinned(key), open_, room)
@@ -408,7 +432,7 @@ class ExecutionEngine:
                       batcher.max_rows, shape_key, sent)  # fmt: skip
             if inline:
                 here = False
-                self._inline += 1
+                self._inline.append(run)
                 self._here.append((worker, run))
             else:
                 worker.dispatch(run)
@@ -443,10 +467,15 @@ class ExecutionEngine:
         run = result.run
         model = self._models[run.model]
         if model.held[run.worker]:
-            self._inline -= 1
+            self._inline.remove(run)
             if self._closing:
                 self._inline_back.notify_all()
-        model.give_back_stream(run.worker, run.stream)
+        if result.continues:  # its rest runs after the re-load, on the worker's thread
+            model.held[run.worker] = False
+        else:
+            model.give_back_stream(run.worker, run.stream)
+        if result.recovering:
+            self.ledger.recovering_changed(+1)
         self._metrics.models[run.model].record_run(result.timing, run)
         if log.enabled(logging.INFO):
             self._log_run(result)
@@ -470,28 +499,13 @@ class ExecutionEngine:
             work_ids=sorted({s.work.id for s in result.run.slices}),
         )
 
-    def _run_inline(self, worker: ModelWorker, run: Run, work: Work) -> None:
-        """Run `run` on this thread (outside the lock) and post its result; an interrupt
-        of this thread ends `work`'s rows not yet run, then is raised again here."""
+    def _execute(self, worker: ModelWorker, run: Run) -> RunResult:
+        """The inline executor: `run` on this thread, outside the lock. An interrupt outside
+        the run's batches (which `execute` turns into its result's) fails all of it."""
         try:
-            result = worker.execute(run)
-        except BaseException:  # an interrupt outside the run's batches: all of it failed
+            return worker.execute(run)
+        except BaseException as e:
             interrupted = RequestCancelled(f"run of {run.model!r} interrupted")
-            self._inbox.posted.append(
-                failed_run(run, worker.name, interrupted, time.perf_counter())
+            return failed_run(run, worker.name, interrupted, time.perf_counter())._replace(
+                interrupt=e
             )
-            self._interrupted(work)
-            raise
-        self._inbox.posted.append(result)
-        if result.interrupt is not None:
-            self._interrupted(work)
-            raise result.interrupt
-
-    def _interrupted(self, work: Work) -> None:
-        """The caller's thread was interrupted: settle what it ran, end the rows of its
-        work not yet run (CANCELLED), and let the loop take over."""
-        with self._lock:
-            self._take_results()
-            interrupted = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
-            self.ledger.drop_rows(work, interrupted, S.CANCELLED)
-        self._inbox.wake()

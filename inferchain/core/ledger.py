@@ -63,6 +63,7 @@ class Ledger:
         self._drains = threading.Lock()  # guards _outstanding (taken as is on hot paths)
         self._drained = threading.Condition(self._drains)  # ... and wait_all waits on it
         self._outstanding = 0  # works submitted, not yet finished
+        self._recovering = 0  # workers re-initialising after failures
         self.live: dict[int, Request] = {}  # requests not yet terminal, by id
         self.failed: dict[int, Request] = {}  # the latest that ended without outputs
         self._failed_ids = bytearray()  # one bit per request id: it ended without outputs
@@ -121,9 +122,18 @@ class Ledger:
             self._space.notify_all()
 
     def wait_all(self, timeout: float | None) -> bool:
-        """True once every work registered has finished (within `timeout` seconds)."""
+        """True once every work registered has finished and no worker is re-initialising
+        (within `timeout` seconds)."""
         with self._drained:
-            return self._drained.wait_for(lambda: self._outstanding == 0, timeout)
+            return self._drained.wait_for(
+                lambda: self._outstanding == 0 and self._recovering <= 0, timeout
+            )
+
+    def recovering_changed(self, by: int) -> None:
+        """A worker began re-initialising (+1), or is healthy again or dead (-1)."""
+        with self._drained:
+            self._recovering += by
+            self._drained.notify_all()
 
     # -- ending rows (under the engine's lock) --------------------------------------------
 

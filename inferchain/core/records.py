@@ -55,6 +55,24 @@ class Run(NamedTuple):
     def batches(self) -> int:
         return -(-self.rows // self.size)
 
+    def head(self, rows: int) -> Run:
+        """The run of its first `rows` rows (a whole number of batches)."""
+        kept = tuple(
+            s if s.offset + s.stop - s.start <= rows else s._replace(stop=s.start + rows - s.offset)
+            for s in self.slices
+            if s.offset < rows
+        )
+        return self._replace(slices=kept, rows=rows)
+
+    def rest(self, rows: int) -> Run:
+        """The run of its rows after the first `rows` (a whole number of batches)."""
+        kept = tuple(
+            Slice(s.work, s.start + max(0, rows - s.offset), s.stop, max(0, s.offset - rows))
+            for s in self.slices
+            if s.offset + s.stop - s.start > rows
+        )
+        return self._replace(slices=kept, rows=self.rows - rows)
+
 
 class RunTiming(NamedTuple):
     """When one run's batches ran on which worker: what the metrics, the busy clock and
@@ -143,6 +161,8 @@ class RunResult(NamedTuple):
     # the caller's thread was interrupted (e.g. KeyboardInterrupt) in an inline run: the
     # batches not yet run ended with an error; the engine re-raises it on that thread
     interrupt: BaseException | None = None
+    recovering: bool = False  # the worker turned unhealthy with it: a WorkerChanged follows
+    continues: bool = False  # the run's rest follows on the same stream, after the re-load
 
 
 def failed_run(run: Run, worker: str, error: BaseException, at: float) -> RunResult:

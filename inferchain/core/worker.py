@@ -80,6 +80,9 @@ class _InFlight:
     steps: tuple[list[np.ndarray], StateRows | None] | None = None
 
 
+_RECOVER = object()  # a queue item: re-initialise the session (after an inline run failed)
+
+
 def _startup_error(error: BaseException) -> BaseException:
     """What `init()` raises for `error` met while loading or warming up: a runtime failure
     there is a LoadError (not a request's BackendError); anything else as it is."""
@@ -152,7 +155,7 @@ class ModelWorker:
         self._backend = backend
         self._device = device
         self._outbox = outbox
-        self._queue: queue.SimpleQueue[Run | _Prepare | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Run | _Prepare | object | None] = queue.SimpleQueue()
         self._unbatched = False  # the model has unbatched inputs (no warm-up with zeros)
         self._in_flight: deque[_InFlight] = deque()
         self._ready = threading.Event()
@@ -199,7 +202,12 @@ class ModelWorker:
         for sessions any thread may use, on a worker the engine holds for it). An interrupt
         of the caller (a BaseException that is no Exception, e.g. KeyboardInterrupt) ends
         the run: the batches not yet run end with an error and the result carries it."""
-        return self._complete(self._launch(run), inline=True)[0]
+        result, rest, _ = self._complete(self._launch(run), inline=True)
+        if result.recovering:  # the worker's own thread re-loads the model, then runs the rest
+            self._queue.put(_RECOVER)
+            if rest is not None:
+                self._queue.put(rest)
+        return result
 
     def stop(self) -> None:
         """Finish the queued runs, then release the session on the worker thread."""
@@ -239,17 +247,24 @@ class ModelWorker:
                 break
             if isinstance(item, _Prepare):
                 self._prepare(item)
-            else:
+            elif isinstance(item, Run):
                 in_flight.append(self._launch(item))
+            else:  # _RECOVER: after an inline run made the worker unhealthy
+                self._recover()
         while in_flight:
             self._finish(in_flight.popleft())
 
     def _finish(self, flight: _InFlight) -> None:
-        """Collect a launched run and post its result; after a crash, end the thread."""
-        result, crash = self._complete(flight)
+        """Collect a launched run and post its result; after a crash, end the thread; after
+        too many failures in a row, re-initialise the session, then run the rest."""
+        result, rest, crash = self._complete(flight)
         self._outbox(result)
         if crash is not None:
             raise crash
+        if result.recovering:
+            self._recover()
+            if rest is not None:
+                self._in_flight.appendleft(self._launch(rest))
 
     def _init(self) -> None:
         session = self._backend.load(self.model, self._device)
@@ -404,17 +419,24 @@ class ModelWorker:
 
     def _complete(
         self, flight: _InFlight, inline: bool = False
-    ) -> tuple[RunResult, BaseException | None]:
-        """Collect the run's first batch, run the others, and its result; and the exception
-        that must end the thread, if any (never inline: an interrupt there is the result's)."""
+    ) -> tuple[RunResult, Run | None, BaseException | None]:
+        """Collect the run's first batch and run the others: its result; the rest of the run
+        where a failure made the worker unhealthy before its last batch (it runs once the
+        model is re-loaded, a run of its own on the same stream); and the exception that
+        must end the thread, if any (never inline: an interrupt there is the result's)."""
         run = flight.run
         ends: list[float] = []
         outcomes: list[Outcome] = []
         failed: list[int] = []
         stages: list[dict[str, float]] = []
-        error, crash, interrupt = flight.error, None, None
+        error, stop = flight.error, None
         batches = run.batches
+        first = run.slices[0].work
         for i in range(batches):
+            if i and first.cancelled and first.requests is None:  # the rest is not run
+                cut = RequestCancelled(f"work {first.id} ({first.model}) was cancelled")
+                outcomes += [cut] * (batches - i)
+                break
             if i:
                 error = self._start(flight, i)
             if error is None:
@@ -423,38 +445,38 @@ class ModelWorker:
                 except Exception as e:
                     error = e
                 except BaseException as e:  # KeyboardInterrupt, SystemExit, ...
-                    error = e
-                    if inline:
-                        interrupt = e
-                    else:
-                        crash = e
-            ends.append(time.perf_counter())
-            if len(flight.starts) < len(ends):  # the batch failed before the backend was called
-                flight.starts.append(ends[-1])
-            last = self.session.last_stages if self.session is not None else None
-            if last is not None:  # a backend that splits its runs into stages
-                stages.append(dict(last))
+                    error = stop = e
+            self._stamp(flight, ends, stages)
             if error is None:
                 self.consecutive_failures = 0
                 continue
             failed.append(i)
-            outcomes.append(self._failed(run, error, crash is not None or interrupt is not None))
-            if crash is not None or interrupt is not None:
+            if stop is not None:  # the rest is not run
+                outcomes.append(error if inline else self._failed(run, error, crash=True))
                 cut = RequestCancelled(f"run of {run.model!r} interrupted: {type(error).__name__}")
                 outcomes += [cut] * (batches - i - 1)
-                failed += range(i + 1, batches)
-                ends += [ends[-1]] * (batches - i - 1)
-                flight.starts += [ends[-1]] * (batches - i - 1)
                 break
-            if not self.healthy and not self.dead:
-                self._recover()
+            outcomes.append(self._failed(run, error, crash=False))
             error = None
-        if self.dead and len(outcomes) < batches:  # it died in a re-load: the rest fail
-            cause = BackendError(f"{self.name} died while re-loading its model")
-            failed += range(len(outcomes), batches)
-            outcomes += [cause] * (batches - len(outcomes))
+            if not self.healthy:
+                break
+        rest = None
+        if len(outcomes) < batches:  # unhealthy: the rest runs after the re-load
+            rows = len(outcomes) * run.size
+            rest, run = run.rest(rows), run.head(rows)
         timing = self._timing(flight, ends, tuple(failed), tuple(stages))
-        return RunResult(run, outcomes, timing, interrupt), crash
+        recovering = not self.healthy and stop is None
+        result = RunResult(run, outcomes, timing, stop if inline else None, recovering, bool(rest))
+        return result, rest, None if inline else stop
+
+    def _stamp(self, flight: _InFlight, ends: list[float], stages: list[dict[str, float]]) -> None:
+        """A batch of the flight's run ended (ran or failed) now."""
+        ends.append(time.perf_counter())
+        if len(flight.starts) < len(ends):  # it failed before the backend was called
+            flight.starts.append(ends[-1])
+        last = self.session.last_stages if self.session is not None else None
+        if last is not None:  # a backend that splits its runs into stages
+            stages.append(dict(last))
 
     def _failed(self, run: Run, error: BaseException, crash: bool) -> BaseException:
         """Count, log and name a batch's failure; what its rows end with."""
@@ -529,9 +551,12 @@ class ModelWorker:
         if self.pool is not None:
             count = _step_count(run)
             steps = sum(s.rows * count for s in run.slices if s.work.steps is not None)
-        elements = view.elements(run) if view is not None else (0, 0)
+        rows = min(run.rows, len(ends) * run.size)  # the batches that ran (or failed)
+        if rows < run.rows:
+            run = run._replace(rows=rows)
+        elements = view.elements(run) if view is not None and rows else (0, 0)
         return RunTiming(
-            run.model, self.name, run.stream, run.shape_key, run.rows, run.size, flight.picked,
+            run.model, self.name, run.stream, run.shape_key, rows, run.size, flight.picked,
             flight.starts, ends, time.perf_counter(), failed, stages, steps, *elements,
             session.take_device_spans() if session is not None else (),
         )  # fmt: skip
@@ -546,8 +571,10 @@ class ModelWorker:
             log.warning, "worker_unhealthy", worker=self.name, failures=self.consecutive_failures
         )
         while self._in_flight:  # nothing may be in flight when the session goes
-            result, _ = self._complete(self._in_flight.popleft())
+            result, rest, _ = self._complete(self._in_flight.popleft())
             self._outbox(result)
+            if rest is not None:  # failed again: it ends with the others if the re-load fails
+                self._queue.put(rest)
         self._release()
         try:
             self._init()

@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # the engine reads a worker's surface only: no backend is imp
 
 RUN_S = 0.002  # seconds of batches one run holds, at most ...
 RUN_MAX = 32  # ... and this many batches
-UNTIMED_MAX = 32  # runs a one-stream worker whose batches were never timed may hold
 
 
 def run_batches(batch_s: float | None) -> int:
@@ -36,9 +35,9 @@ class WorkerSet:
 
     A worker with several streams holds one run per stream. A worker with one stream holds
     two runs: the next one waits in its queue while one runs, so no hand-off gap is left
-    between them (up to UNTIMED_MAX runs of one batch where its batches were never timed, as
-    without a warm-up). A worker that runs a run inline (on the thread stepping the engine)
-    takes nothing else until it is back.
+    between them, and rows that come meanwhile wait in the batcher, where they can fill a
+    batch together. A worker that runs a run inline (on the thread stepping the engine) takes
+    nothing else until it is back.
     """
 
     def __init__(
@@ -61,10 +60,7 @@ class WorkerSet:
         self.in_flight = [0] * len(workers)  # runs dispatched and not yet back
         self.held = [False] * len(workers)  # running a run inline
         self.batches = [run_batches(w.batch_s) if w.num_streams == 1 else 1 for w in workers]
-        self._held_max = [  # runs each may hold at once
-            w.num_streams if w.num_streams > 1 else 2 if w.batch_s else UNTIMED_MAX
-            for w in workers
-        ]
+        self._held_max = [max(2, w.num_streams) for w in workers]  # runs each holds at once
 
     def capacity(self, w: ModelWorker) -> int:
         """Runs `w` may hold at once."""
