@@ -290,7 +290,7 @@ class AclSession(Session):
         where its rows allow it (`acl_handover.plan`); else it goes to the host, logged."""
         names = [s.name for s in self._out_slots]
         for output, batches in self._model.handed.items():
-            if output not in names:  # `inferchain.handover.check` names it
+            if output not in names:  # `inferchain.registry.check_handovers` names it
                 continue
             i = names.index(output)
             slot = self._out_slots[i]
