@@ -337,9 +337,9 @@ class ModelConfig(_Schema):
     # a stateful model: output -> input carried from one step of a sequence to the next
     state: dict[str, str] = attrs.field(factory=dict, validator=_names_to_names)
     state_init: str = attrs.field(default="zeros", validator=_one_of("zeros"))  # at open
-    max_sequences: int = attrs.field(default=64, validator=_positive)  # live = state slots
+    max_sequences: int = attrs.field(default=64, validator=_positive)  # live = state lanes
     # a stateful model's inputs that keep one value over a sequence (given at every step;
-    # on acl each sequence's value goes to the device once and stays in its slots)
+    # on acl each sequence's value goes to the device once and stays in its lanes)
     constant: tuple[str, ...] = attrs.field(default=(), validator=_names)
     # window: a batch leaves full, after max_queue_delay_ms, or at once on an idle worker;
     # fill: only full, or at a flush (`OfflineInference.flush()`, the end of a run's input,

@@ -60,7 +60,7 @@ class LoadedModel:
     @property
     def step_names(self) -> tuple[str, ...]:
         """The outputs a sequence step gives: all but the carried ones where the state
-        stays in device slots."""
+        stays in device lanes."""
         pool = self.pool
         if pool is None or not pool.on_device:
             return self.output_names
