@@ -31,9 +31,10 @@ import yaml
 from common import interleave, median, table, write_results
 
 import inferchain as ic
+from inferchain.config import import_recipe_module
 from inferchain.driver import PipelineDriver
 from inferchain.images import read_image
-from inferchain.pipeline import import_recipe_module, load_pipeline
+from inferchain.pipeline import load_pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 OCR = REPO / "recipes" / "ocr"

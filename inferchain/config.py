@@ -2,15 +2,19 @@
 
 `load_recipe()` validates everything on load: an unknown key or a wrong type is a
 `ConfigError` that names the key and the file. The records are frozen; overrides make a new
-recipe.
+recipe. `import_recipe_module()` imports a recipe folder's own modules (its pipeline's).
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import importlib
 import importlib.util
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
 import attrs
@@ -333,9 +337,9 @@ class ModelConfig(_Schema):
     # a stateful model: output -> input carried from one step of a sequence to the next
     state: dict[str, str] = attrs.field(factory=dict, validator=_names_to_names)
     state_init: str = attrs.field(default="zeros", validator=_one_of("zeros"))  # at open
-    max_sequences: int = attrs.field(default=64, validator=_positive)  # live = state slots
+    max_sequences: int = attrs.field(default=64, validator=_positive)  # live = state lanes
     # a stateful model's inputs that keep one value over a sequence (given at every step;
-    # on acl each sequence's value goes to the device once and stays in its slots)
+    # on acl each sequence's value goes to the device once and stays in its lanes)
     constant: tuple[str, ...] = attrs.field(default=(), validator=_names)
     # window: a batch leaves full, after max_queue_delay_ms, or at once on an idle worker;
     # fill: only full, or at a flush (`OfflineInference.flush()`, the end of a run's input,
@@ -585,6 +589,31 @@ def load_recipe(path: str | Path, **overrides: Any) -> Recipe:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a recipe must be a mapping, got {_tn(data)}")
     return Recipe.from_dict(apply_overrides(data, overrides, source), "", source.resolve())
+
+
+RECIPE_PACKAGE = (
+    "inferchain_recipes"  # the package a recipe folder is imported under (a digest of its path)
+)
+
+
+def import_recipe_module(recipe: Recipe | str | Path, name: str = "pipeline") -> ModuleType:
+    """The module `name` (`pipeline`, or any sibling file's stem) of a recipe's folder, e.g.
+    `ic.import_recipe_module("recipes/vad").VadSteps`.
+
+    `recipe` is a Recipe, or a recipe folder or YAML file (or a `pkg://` path to either).
+    The folder is imported as a package, so its files may import each other (`from . import
+    boxes`); the same folder gives the same modules each time, as `init()` imports them.
+    """
+    root = recipe.root if isinstance(recipe, Recipe) else recipe_file(recipe).resolve().parent
+    digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]
+    package = f"{RECIPE_PACKAGE}.r{digest}"
+    if RECIPE_PACKAGE not in sys.modules:
+        sys.modules[RECIPE_PACKAGE] = ModuleType(RECIPE_PACKAGE)
+    if package not in sys.modules:
+        module = ModuleType(package)
+        module.__path__ = [str(root)]
+        sys.modules[package] = module
+    return importlib.import_module(f"{package}.{name}")
 
 
 def apply_overrides(

@@ -22,18 +22,15 @@ model's input is declared `from: MODEL.OUTPUT` in the recipe, that output is an
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import os
-import sys
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from inferchain.config import RECIPE_PACKAGE, import_recipe_module
 from inferchain.core.request import Request
 from inferchain.errors import ConfigError, MissingDependency
 from inferchain.extras import missing_message, require
@@ -208,7 +205,7 @@ def pipeline_class(recipe: Recipe) -> type[Pipeline]:
     try:
         module = import_recipe_module(recipe, path.stem)
     except ModuleNotFoundError as e:
-        if e.name is None or e.name.startswith(_PACKAGE):
+        if e.name is None or e.name.startswith(RECIPE_PACKAGE):
             raise ConfigError(f"{what} could not be imported: {e}") from e
         absent = {e.name: f"{type(e).__name__}: {e}"}
         raise MissingDependency(missing_message(what, absent, recipe.extra)) from e
@@ -238,28 +235,3 @@ def pipeline_class(recipe: Recipe) -> type[Pipeline]:
 def load_pipeline(recipe: Recipe, oi: OfflineInference) -> Pipeline:
     """Import `file.py:ClassName` from the recipe's folder (`pipeline_class`) and build it."""
     return pipeline_class(recipe)(oi)
-
-
-_PACKAGE = "inferchain_recipes"  # recipes' folders are imported as packages under this name
-
-
-def import_recipe_module(recipe: Recipe | str | Path, name: str = "pipeline") -> ModuleType:
-    """The module `name` (`pipeline`, or any sibling file's stem) of a recipe's folder, e.g.
-    `ic.import_recipe_module("recipes/vad").VadSteps`.
-
-    `recipe` is a Recipe, or a recipe folder or YAML file (or a `pkg://` path to either).
-    The folder is imported as a package, so its files may import each other (`from . import
-    boxes`); the same folder gives the same modules each time, as `init()` imports them.
-    """
-    from inferchain.config import Recipe, recipe_file
-
-    root = recipe.root if isinstance(recipe, Recipe) else recipe_file(recipe).resolve().parent
-    digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]
-    package = f"{_PACKAGE}.r{digest}"
-    if _PACKAGE not in sys.modules:
-        sys.modules[_PACKAGE] = ModuleType(_PACKAGE)
-    if package not in sys.modules:
-        module = ModuleType(package)
-        module.__path__ = [str(root)]
-        sys.modules[package] = module
-    return importlib.import_module(f"{package}.{name}")

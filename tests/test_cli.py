@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferchain.testing.onnx_models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64, write_time_major
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = """\
@@ -195,6 +195,18 @@ def test_a_model_file_where_a_recipe_goes_is_one_line(tiny: Path, command: str) 
 
 def test_an_unknown_log_level_is_one_line(tiny: Path) -> None:
     assert "verbose" in one_line_error(inferchain("--log-level", "verbose", "info", tiny))
+
+
+@pytest.mark.parametrize("level", ["warning", "error"])
+def test_the_log_level_sets_onnxruntimes_own_log_too(tmp_path: Path, level: str) -> None:
+    """onnxruntime warns at load about a model whose declared output shape lies; the
+    command line's `--log-level error` silences it, `warning` shows it."""
+    write_time_major(tmp_path / "lies.onnx", batch=1, declared=(1, 3, 6))
+    recipe = "name: lies\nmodels:\n  - {name: m, path: lies.onnx, max_batch_size: 1}\n"
+    (tmp_path / "recipe.yaml").write_text(recipe, encoding="utf-8")
+    done = inferchain("--log-level", level, "info", tmp_path / "recipe.yaml")
+    assert done.returncode == 0, done.stderr
+    assert ("[W:onnxruntime" in done.stderr) is (level == "warning"), done.stderr
 
 
 def test_debug_is_accepted_after_the_subcommand_and_shows_the_traceback(tmp_path: Path) -> None:

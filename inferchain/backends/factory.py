@@ -1,5 +1,6 @@
 """The one place that maps a recipe's `backend:` to a concrete backend (imported lazily, so
-`import inferchain` needs no runtime and the interface in `base.py` knows no backend)."""
+`import inferchain` needs no runtime and the interface in `base.py` knows no backend), and
+that sets a runtime's process-wide log level for the applications."""
 
 from __future__ import annotations
 
@@ -19,3 +20,15 @@ def make_backend(recipe: Recipe, **options: object) -> Backend:
 
         return AclBackend(recipe, acl_module=options.get("acl_module"))
     raise ConfigError(f"{recipe.source}: backend {recipe.backend!r} is not one of onnxruntime, acl")
+
+
+def set_runtime_log_level(level: str) -> None:
+    """For applications (the command line, a Ray actor), beside
+    `inferchain.logs.configure_output`: onnxruntime's own log (its C++ warnings) at `level`
+    (a `--log-level` name) and up, for the sessions made after; nothing where onnxruntime
+    cannot be imported."""
+    try:
+        from inferchain.backends.onnxruntime import set_log_level
+    except ImportError:
+        return
+    set_log_level(level)

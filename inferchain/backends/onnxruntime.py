@@ -66,8 +66,8 @@ SEVERITIES = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 def set_log_level(level: str) -> None:
     """onnxruntime's own log (its C++ warnings, e.g. `VerifyOutputSizes`) at `level` and up
     (a `--log-level` name), for the sessions made after: for applications, as
-    `inferchain.logs.configure_output` calls it; a recipe's `session_options:
-    {log_severity_level: N}` overrides it per session."""
+    `inferchain.backends.factory.set_runtime_log_level` calls it; a recipe's
+    `session_options: {log_severity_level: N}` overrides it per session."""
     ort.set_default_logger_severity(SEVERITIES[level.lower()])
 
 

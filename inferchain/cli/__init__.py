@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from inferchain.backends.factory import set_runtime_log_level
 from inferchain.logs import configure_output
 
 #: Subcommand modules of this package, in the order `--help` lists them.
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_output(args.log_level, args.log_format)
+    set_runtime_log_level(args.log_level)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

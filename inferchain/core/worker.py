@@ -56,7 +56,7 @@ class _Prepare:
     policy: ShapePolicy
     warm: bool
     done: threading.Event
-    device_state: bool = False  # try to keep the pool's state in the session's device slots
+    device_state: bool = False  # try to keep the pool's state in the session's device lanes
     probe: bool = False  # run the model at one or two batch sizes and check its real outputs
 
 
@@ -137,7 +137,7 @@ class ModelWorker:
         self.session: Session | None = None
         self.shapes: ShapePolicy | None = None  # set by prepare(), before the first batch
         self.pool: StatePool | None = None  # a stateful model's lanes: carried outputs go there
-        self.state_on_device = False  # ... or into the session's device slots (prepare())
+        self.state_on_device = False  # ... or into the session's device lanes (prepare())
         # the session runs a batch in one call (`Session.run`, no launch ahead of collect)
         # and times neither stages nor its device: `run_timings` may time its batches
         self.at_once = False
@@ -182,7 +182,7 @@ class ModelWorker:
     ) -> None:
         """Adopt the model's shape policy; allocate (and, with `warm`, run once at the max
         batch) the buffers of every shape known now; with `device_state`, ask the session
-        to keep the pool's state in device slots (`state_on_device` says if it does); with
+        to keep the pool's state in device lanes (`state_on_device` says if it does); with
         `probe`, first run the model at one or two batch sizes and refuse it (`ConfigError`)
         where an output does not hold the rows on its batch axis (`probed` keeps what it
         returned). Blocks until the worker thread did it."""
@@ -458,7 +458,7 @@ class ModelWorker:
             flight.run_start = time.perf_counter()
             if self.pool is not None and _step_count(batch) > 1:  # step after step at collect
                 flight.steps = (feed, state)
-            else:  # `state`: steps whose state is in the session's device slots
+            else:  # `state`: steps whose state is in the session's device lanes
                 session.launch(feed, self._rows(batch), batch.stream, state)
         except Exception as e:
             flight.error = e
@@ -543,7 +543,7 @@ class ModelWorker:
                         feed[i] = _laid_out(outputs[out], in_axes[i])
             session.launch(feed, size, stream, state)
             outputs = self._outputs(session.collect(stream), n)
-            if k == 0 and state is not None:  # in the device slots now, for every row
+            if k == 0 and state is not None:  # in the device lanes now, for every row
                 state = state.stepped()
             if not stacked:
                 stacked = [np.empty((n, steps.count, *o.shape[1:]), o.dtype) for o in outputs]
@@ -681,7 +681,7 @@ class ModelWorker:
         self._release()
         try:
             self._init()
-            if self.state_on_device:  # empty slots: the sequences past their first step
+            if self.state_on_device:  # empty lanes: the sequences past their first step
                 assert self.pool is not None  # lost their state
                 self.pool.lose(self.index)
                 if not self._open_state():

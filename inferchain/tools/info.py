@@ -149,6 +149,6 @@ def format_reports(reports: Sequence[ModelReport]) -> str:
     lines.append("MB = MiB; buffers = input + output bytes for the max batch, one stream of one")
     lines.append("instance, which is also what each extra stream costs (+dyn: dims known only at")
     lines.append("run time are not counted); static = (file + buffers x streams) x instances,")
-    lines.append("plus a stateful model's state slots, which init() refuses when it exceeds")
+    lines.append("plus a stateful model's state lanes, which init() refuses when it exceeds")
     lines.append("memory_budget_mb")
     return "\n".join(lines)
