@@ -135,7 +135,7 @@ class OnnxRuntimeSession(Session):
         self.max_batch_size = layout.batch_limit(self.inputs) if batching else None
         self.reuses_outputs = False  # every run returns new arrays
         self.metadata: dict[str, str] = dict(session.get_modelmeta().custom_metadata_map)
-        self._fixed = FixedBatch(self.max_batch_size or 1, layout.inputs)
+        self._fixed = FixedBatch(self.max_batch_size, layout.inputs)
         so = session.get_session_options()
         self.settings = {
             "threads": str(so.intra_op_num_threads or "default"),
@@ -143,8 +143,7 @@ class OnnxRuntimeSession(Session):
         }
 
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        if self.max_batch_size is not None and batch_size < self.max_batch_size:
-            inputs = self._fixed.pad(inputs, batch_size)
+        inputs = self._fixed.pad(inputs, batch_size)
         feed = dict(zip(self._input_names, inputs, strict=True))
         try:
             return self._session.run(self._output_names, feed)  # type: ignore[no-any-return]
@@ -153,7 +152,7 @@ class OnnxRuntimeSession(Session):
 
     def padded_rows(self, rows: int) -> int:
         """A model with a fixed batch runs it whole."""
-        return max(rows, self.max_batch_size or 0)
+        return self._fixed.padded_rows(rows)
 
     def close(self) -> None:
         self._session = None

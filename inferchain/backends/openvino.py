@@ -125,16 +125,21 @@ class OpenVinoSession(Session):
             "streams": str(compiled.get_property("NUM_STREAMS")),
             "precision": compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name(),
         }
-        self._fixed = FixedBatch(self.max_batch_size or 1, layout.inputs)
+        self._fixed = FixedBatch(self.max_batch_size, layout.inputs)
 
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        if self.max_batch_size is not None and batch_size < self.max_batch_size:
-            inputs = self._fixed.pad(inputs, batch_size)
+        inputs = self._fixed.pad(inputs, batch_size)
+        # shared, not copied; OpenVINO shares only writeable arrays (not a broadcast value)
+        feed = {i: a if a.flags.writeable else np.array(a) for i, a in enumerate(inputs)}
         try:
-            result = self._request.infer(dict(enumerate(inputs)), share_inputs=True)
+            result = self._request.infer(feed, share_inputs=True)
         except Exception as e:  # OpenVINO raises RuntimeError with a many-line text
             raise BackendError(f"openvino: {one_line(e)}", name=type(e).__name__) from e
         return list(result.to_tuple())
+
+    def padded_rows(self, rows: int) -> int:
+        """A model with a fixed batch runs it whole."""
+        return self._fixed.padded_rows(rows)
 
     def close(self) -> None:
         self._request = None

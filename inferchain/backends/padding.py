@@ -10,20 +10,28 @@ from inferchain.layout import Axis
 
 
 class FixedBatch:
-    """Copies a batch's rows into buffers of the model's fixed batch (made once, on each
-    input's batch axis; the rows past the batch keep stale values, whose outputs are
-    dropped); an unbatched input passes as it is."""
+    """A model's fixed batch (`limit`; None: it takes any batch): a smaller batch's rows are
+    copied into buffers of the fixed batch (made once, on each input's batch axis; the rows
+    past the batch keep stale values, whose outputs are dropped); an unbatched input passes
+    as it is."""
 
-    def __init__(self, rows: int, axes: Sequence[Axis]) -> None:
-        self.rows = rows  # the model's fixed batch
+    def __init__(self, limit: int | None, axes: Sequence[Axis]) -> None:
+        self.limit = limit  # the model's fixed batch, or None
         self._axes = tuple(axes)  # per input, the dim of its rows (None: unbatched)
         self._buffers: list[np.ndarray | None] | None = None
 
-    def pad(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        """`inputs` of `batch_size` rows as inputs of `rows` rows."""
+    def padded_rows(self, rows: int) -> int:
+        """The rows a batch of `rows` runs as (`Session.padded_rows`)."""
+        return max(rows, self.limit or 0)
+
+    def pad(self, inputs: Sequence[np.ndarray], batch_size: int) -> Sequence[np.ndarray]:
+        """`inputs` of `batch_size` rows as the model takes them: as they are, or in
+        buffers of `limit` rows."""
+        if self.limit is None or batch_size >= self.limit:
+            return inputs
         if self._buffers is None:
             self._buffers = [
-                None if axis is None else np.zeros(_with_dim(a.shape, axis, self.rows), a.dtype)
+                None if axis is None else np.zeros(_with_dim(a.shape, axis, self.limit), a.dtype)
                 for a, axis in zip(inputs, self._axes, strict=True)
             ]
         out = []
