@@ -201,3 +201,63 @@ def test_one_line_keeps_the_summary_of_a_long_openvino_error() -> None:
     assert backend.one_line(RuntimeError("first\nCould set new shape: [3,65]\n")) == (
         "Could set new shape: [3,65]"
     )
+
+
+# -- inferchain compare --precision ----------------------------------------------------------
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def compare(*args: object, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from inferchain.cli import main
+
+    status = main(["compare", *(str(a) for a in args)])
+    out = capsys.readouterr()
+    return status, out.out + out.err
+
+
+def test_compare_precision_reports_the_recipe_s_measures_on_its_reference(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """f32 on both runtimes: the orientation recipe's reference pages and tolerance (scores
+    within 0.01, top-1 the same), the top-1 column beside compare's."""
+    status, out = compare(
+        "--precision", "f32", RECIPES / "orientation", "--backend-b", "openvino", capsys=capsys
+    )
+    assert status == 0, out
+    assert "inputs: x: float32[12, 3, 224, 224] (" in out and "reference.npz)" in out
+    assert "top-1 classes the same on >= 100% of rows" in out
+    assert "top-1 agree" in out and "100.0%" in out and "PASS" in out
+
+
+def test_compare_precision_fails_beyond_a_tolerance_given_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    x = np.random.default_rng(0).standard_normal((3, 3, 224, 224)).astype(np.float32)
+    np.savez(tmp_path / "mine.npz", x=x)
+    args = ["--precision", "f32", RECIPES / "orientation", "--backend-b", "openvino"]
+    status, out = compare(*args, "--inputs", tmp_path / "mine.npz", "--atol", "0", capsys=capsys)
+    assert status == 1, out
+    assert "x: float32[3, 3, 224, 224]" in out and "mine.npz" in out and "FAIL" in out
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU runs bf16")
+def test_compare_precision_bf16_where_the_cpu_has_none_is_one_error_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["--precision", "bf16", RECIPES / "orientation", "--backend-b", "openvino"]
+    status, out = compare(*args, capsys=capsys)
+    assert status == 2 and "bf16 asked, but OpenVINO runs the model at f32 on this CPU" in out
+    status, out = compare("--precision", "bf16", RECIPES / "orientation", capsys=capsys)
+    assert status == 2 and "onnxruntime runs a model in the types its file declares" in out
+
+
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no bf16 (AVX512_BF16 or AMX)")
+def test_compare_precision_bf16_on_the_shipped_pages_passes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["--precision", "bf16", RECIPES / "orientation"]
+    status, out = compare(
+        *args, "--backend-a", "openvino", "--backend-b", "openvino", capsys=capsys
+    )
+    assert status == 0, out

@@ -161,7 +161,10 @@ def reference_inputs(recipe_dir: Path) -> tuple[Path, dict[str, np.ndarray]]:
     with OfflineInference(recipe) as oi:
         pipeline = oi.pipeline
         files = pipeline.input_files(recipe.root / recipe.inputs)
-        items = [pipeline.preprocess(pipeline.load(f)) for f in files]
+        preprocess = getattr(pipeline, "preprocess", None)
+        if not callable(preprocess):
+            raise ConfigError(f"{recipe.source}: the pipeline has no preprocess(item)")
+        items = [preprocess(pipeline.load(f)) for f in files]
         names = [t.name for t in oi.model_info(name).inputs]
     rows = [item if isinstance(item, dict) else {names[0]: item} for item in items]
     return recipe.root / target, {n: np.stack([r[n] for r in rows]) for n in names}

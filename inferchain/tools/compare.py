@@ -21,7 +21,7 @@ import numpy as np
 
 from inferchain.backends.base import Backend
 from inferchain.backends.factory import make_backend
-from inferchain.config import PKG, Recipe, load_recipe, package_file
+from inferchain.config import PKG, Recipe, ToleranceConfig, load_recipe, package_file
 from inferchain.errors import ConfigError, InvalidInput
 from inferchain.precision import OutputDiff, cosine, diff_output
 from inferchain.tensors import TensorDesc
@@ -52,17 +52,22 @@ class CompareReport:
     rtol: float
     atol: float
     outputs: tuple[OutputDiff, ...]
+    # the measures checked, where more than rtol/atol (`inferchain compare --precision`)
+    tolerance: ToleranceConfig | None = None
 
     @property
     def passed(self) -> bool:
-        """True when every element of every output is within tolerance."""
+        """True when every output is within tolerance (every measure given holds)."""
         return all(d.passed for d in self.outputs)
 
     def format(self) -> str:
         """The report as printed by `inferchain compare`: a header, a table, a verdict."""
         feed = ", ".join(t.describe() for t in self.inputs)
-        rows = [_row(d) for d in self.outputs]
+        top_k = self.tolerance.top_k if self.tolerance is not None else None
+        rows = [_row(d, top_k is not None) for d in self.outputs]
         headers = ["#", "output A", "output B", "shape", "max abs", "max rel", "cosine"]
+        if top_k is not None:
+            headers.append(f"top-{top_k} agree")
         failed = sum(not d.passed for d in self.outputs)
         verdict = (
             f"PASS: all {len(self.outputs)} outputs within tolerance"
@@ -74,16 +79,29 @@ class CompareReport:
                 f"A: {self.model_a} ({self.backend_a})",
                 f"B: {self.model_b} ({self.backend_b})",
                 f"inputs: {feed} ({self.source})",
-                f"tolerance: |B - A| <= atol + rtol * |A|, rtol {self.rtol:g}, atol {self.atol:g}",
+                f"tolerance: {self._measures()}",
                 "",
                 render([*headers, "beyond tol", "result"], rows),
                 verdict,
             ]
         )
 
+    def _measures(self) -> str:
+        elementwise = f"|B - A| <= atol + rtol * |A|, rtol {self.rtol:g}, atol {self.atol:g}"
+        t = self.tolerance
+        if t is None:
+            return elementwise
+        parts = [elementwise] if t.elementwise else []
+        if t.cosine is not None:
+            parts.append(f"cosine >= {t.cosine:g}")
+        if t.top_k is not None:
+            parts.append(f"top-{t.top_k} classes the same on >= {t.agreement:.0%} of rows")
+        return "; ".join(parts) or "none (every output passes)"
 
-def _row(d: OutputDiff) -> list[object]:
+
+def _row(d: OutputDiff, top_k: bool = False) -> list[object]:
     shape = "[" + ", ".join(map(str, d.shape)) + "]"
+    agree = ["-" if d.agreement is None else f"{d.agreement:.1%}"] if top_k else []
     return [
         d.index,
         d.name_a,
@@ -92,7 +110,8 @@ def _row(d: OutputDiff) -> list[object]:
         f"{d.max_abs:.2e}",
         f"{d.max_rel:.2e}",
         f"{d.cosine:.6f}",
-        f"{d.mismatched}/{d.size}",
+        *agree,
+        f"{d.mismatched}/{d.size}" if d.tolerance.elementwise else "-",
         "ok" if d.passed else "FAIL",
     ]
 
