@@ -261,3 +261,11 @@ def test_compare_precision_bf16_on_the_shipped_pages_passes(
         *args, "--backend-a", "openvino", "--backend-b", "openvino", capsys=capsys
     )
     assert status == 0, out
+
+
+def test_info_shows_the_threads_streams_and_precision_a_model_runs_with() -> None:
+    from inferchain.tools.info import describe_recipe, format_reports
+
+    r = ic.load_recipe(RECIPES / "orientation", backend="openvino")
+    text = format_reports(describe_recipe(r))
+    assert "runs with threads 1, streams 1, precision f32" in text
