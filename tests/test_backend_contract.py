@@ -18,7 +18,6 @@ from inferchain.backends.factory import make_backend
 from inferchain.errors import BackendError, LoadError
 from inferchain.testing.onnx_models import (
     write_image_model,
-    write_mlp,
     write_mlp64,
     write_stateful,
 )

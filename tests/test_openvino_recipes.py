@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("openvino", reason="openvino is not installed: no recipes on it")
 
-import inferchain as ic  # noqa: E402
-from inferchain.images import read_image  # noqa: E402
+import inferchain as ic
+from inferchain.images import read_image
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
