@@ -83,7 +83,7 @@ def raw_ceiling(
             }
             requests = [core.compile_model(model.path, "CPU", props).create_infer_request()]
             requests.append(core.compile_model(model.path, "CPU", props).create_infer_request())
-            runs[f"openvino {p}"] = [_ov_run(r) for r in requests]
+            runs[f"openvino_{p}"] = [_ov_run(r) for r in requests]
     return {name: _two_lanes(pair, batches) for name, pair in runs.items()}
 
 

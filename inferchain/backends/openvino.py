@@ -172,18 +172,31 @@ class OpenVinoBackend(Backend):
         props = properties(options, model.precision, where)
         read = self._read(model)
         session = self._compile(model, read, props)
-        if session.settings["precision"] != PRECISIONS[model.precision]:
+        try:
+            self._verify(model, read, props, session, where)
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    def _verify(
+        self, model: ModelConfig, read: ov.Model, props: dict[str, Any], low: Session, where: str
+    ) -> None:
+        """The compiled model runs at the precision asked (OpenVINO falls back to f32 where
+        the CPU cannot), and a lower one passed its check (once per model)."""
+        ran = low.settings["precision"]
+        if ran != PRECISIONS[model.precision]:
             raise ConfigError(
                 f"{where}key 'precision': {model.precision} asked, but OpenVINO runs the model "
-                f"at {session.settings['precision']} on this CPU (it can: "
-                f"{', '.join(self.capabilities)}; bf16 needs AVX512_BF16 or AMX, f16 AVX512_FP16)"
+                f"at {ran} on this CPU (it can: {', '.join(self.capabilities)}; bf16 needs "
+                "AVX512_BF16 or AMX, f16 AVX512_FP16)"
             )
-        if model.precision != "f32" and self._check:
-            with self._lock:
-                if model.name not in self._checked:
-                    self._check_precision(model, read, props, session, where)
-                    self._checked.add(model.name)
-        return session
+        if model.precision == "f32" or not self._check:
+            return
+        with self._lock:
+            if model.name not in self._checked:
+                self._check_precision(model, read, props, low, where)
+                self._checked.add(model.name)
 
     def _read(self, model: ModelConfig) -> ov.Model:
         try:
