@@ -15,7 +15,8 @@ ov = pytest.importorskip("openvino", reason="openvino is not installed: no OpenV
 
 import inferchain as ic  # noqa: E402
 from inferchain.backends import openvino as backend  # noqa: E402
-from inferchain.backends.openvino import OpenVinoBackend, properties  # noqa: E402
+from inferchain.backends.openvino import OpenVinoBackend  # noqa: E402
+from inferchain.backends.openvino_options import properties  # noqa: E402
 from inferchain.config import ModelConfig, SessionOptions  # noqa: E402
 from inferchain.errors import ConfigError, LoadError, MissingDependency  # noqa: E402
 from inferchain.testing.onnx_models import write_mlp64  # noqa: E402

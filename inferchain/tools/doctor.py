@@ -20,6 +20,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from inferchain.backends.openvino_options import CAPABILITIES, properties
 from inferchain.backends.probe import (
     RuntimeProbe,
     probe_acl,
@@ -196,8 +197,6 @@ def openvino_recipe_checks(recipe: Recipe, ov: RuntimeProbe) -> list[Check]:
     name = f"recipe {recipe.name}"
     if not ov.available:
         return [Check(name, Status.FAIL, "backend openvino needs openvino, which does not import")]
-    from inferchain.backends.openvino import CAPABILITIES, properties
-
     checks = [Check(name, Status.OK, "backend openvino")]
     for m in recipe.models:
         try:
