@@ -29,6 +29,11 @@ WITH_CUDA = RuntimeProbe(
 )
 NO_ACL = RuntimeProbe("pyACL", False, detail="No module named 'acl'")
 ACL = RuntimeProbe("pyACL", True, detail="/opt/acl.so")
+NO_OPENVINO = RuntimeProbe("openvino", False, detail="No module named 'openvino'")
+AVX2_OPENVINO = RuntimeProbe("openvino", True, "2026.4", "CPU", ("CPU",), capabilities=("FP32",))
+AMX_OPENVINO = RuntimeProbe(
+    "openvino", True, "2026.4", "CPU", ("CPU",), capabilities=("FP32", "BF16", "FP16")
+)
 
 
 @pytest.fixture
@@ -131,6 +136,7 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(doctor, "NPU_SMI", str(tmp_path / "no-npu-smi"))
     monkeypatch.setattr(doctor, "probe_onnxruntime", lambda: CPU_ONLY)
     monkeypatch.setattr(doctor, "probe_acl", lambda: NO_ACL)
+    monkeypatch.setattr(doctor, "probe_openvino", lambda: NO_OPENVINO)
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
     monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
     return root
@@ -159,6 +165,7 @@ def test_doctor_without_a_recipe_reports_and_exits_0(
         "onnxruntime": Status.OK,
         "providers": Status.OK,
         "pyACL": Status.MISSING,
+        "openvino": Status.MISSING,
         "CANN toolkit": Status.MISSING,
         "Ascend driver": Status.MISSING,
         "Ascend firmware": Status.MISSING,
@@ -317,3 +324,32 @@ def test_doctor_fails_a_provider_onnxruntime_does_not_know(
     recipe = ic.load_recipe(write_recipe(tmp_path), providers=["CPUExecutonProvider"])
     (check,) = [c for c in doctor.diagnose(recipe) if c.name.strip() == "CPUExecutonProvider"]
     assert check.status is Status.FAIL and "did you mean 'CPUExecutionProvider'?" in check.detail
+
+
+def test_doctor_checks_an_openvino_recipe_s_properties_and_precision(
+    machine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The threads and streams each model gets, a session option OpenVINO refuses, and a
+    precision this CPU cannot run, each its own line."""
+    recipe = ic.load_recipe(
+        write_recipe(tmp_path, "openvino"), session_options={"intra_op_num_threads": 2}
+    )
+    assert statuses(doctor.diagnose(recipe))["recipe tiny"] is Status.FAIL  # no openvino
+    monkeypatch.setattr(doctor, "probe_openvino", lambda: AVX2_OPENVINO)
+    checks = {c.name.strip(): c for c in doctor.diagnose(recipe)}
+    assert checks["mlp"].status is Status.OK
+    assert checks["mlp"].detail == "threads 2, streams 1, precision f32"
+    bf16 = ic.load_recipe(write_recipe(tmp_path, "openvino", precision="bf16"))
+    line = {c.name.strip(): c for c in doctor.diagnose(bf16)}["mlp"]
+    assert line.status is Status.FAIL and "this CPU cannot run bf16 (it can: FP32)" in line.detail
+    monkeypatch.setattr(doctor, "probe_openvino", lambda: AMX_OPENVINO)
+    assert statuses(doctor.diagnose(bf16))["mlp"] is Status.OK
+    parallel = ic.load_recipe(bf16.source, session_options={"execution_mode": "parallel"})
+    line = {c.name.strip(): c for c in doctor.diagnose(parallel)}["mlp"]
+    assert line.status is Status.FAIL and "session_options.execution_mode" in line.detail
+
+
+def test_doctor_fails_a_lower_precision_on_onnxruntime(machine: Path, tmp_path: Path) -> None:
+    recipe = ic.load_recipe(write_recipe(tmp_path, precision="f16"))
+    line = {c.name.strip(): c for c in doctor.diagnose(recipe)}["mlp"]
+    assert line.status is Status.FAIL and "onnxruntime runs the file's own types" in line.detail

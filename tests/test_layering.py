@@ -120,7 +120,7 @@ def test_the_core_reaches_backends_only_through_the_interface(rel: str) -> None:
     bad = [
         (line, name)
         for line, name in imports(rel)
-        if within(name, "onnxruntime", "acl")
+        if within(name, "onnxruntime", "openvino", "acl")
         or (within(name, "inferchain.backends") and not within(name, "inferchain.backends.base"))
     ]
     assert not bad, f"inferchain/{rel} imports {bad}"
@@ -154,7 +154,14 @@ def test_only_the_command_line_imports_the_command_line(rel: str) -> None:
     assert not bad, f"inferchain/{rel} imports {bad}"
 
 
-CONCRETE = ("inferchain.backends.onnxruntime", "inferchain.backends.acl", "onnxruntime", "acl")
+CONCRETE = (
+    "inferchain.backends.onnxruntime",
+    "inferchain.backends.openvino",
+    "inferchain.backends.acl",
+    "onnxruntime",
+    "openvino",
+    "acl",
+)
 
 
 def test_the_backend_interface_imports_no_backend() -> None:
@@ -172,7 +179,7 @@ def test_the_factory_loads_concrete_backends_only_when_asked() -> None:
     ]
     assert not bad, f"inferchain/backends/factory.py imports {bad} at module level"
     lazy = [name for _, name in imports("backends/factory.py")]
-    for backend in ("inferchain.backends.onnxruntime", "inferchain.backends.acl"):
+    for backend in CONCRETE[:3]:
         assert any(within(name, backend) for name in lazy), f"the factory never loads {backend}"
 
 
@@ -335,3 +342,21 @@ def test_the_fakes_codes_fail_and_api_are_its_bottom() -> None:
     inside = {m for m in GRAPH[FAKE + "_calls.py"] if m.startswith(FAKE)}
     assert inside <= {FAKE + "_args.py"}, f"{FAKE}_calls.py imports {sorted(inside)}"
     assert not {m for m in GRAPH[FAKE + "_args.py"] if m.startswith(FAKE)}
+
+OUTSIDE_BACKENDS = [m for m in MODULES if not m.startswith(("backends/", "testing/fake_acl/"))]
+
+
+@pytest.mark.parametrize("rel", OUTSIDE_BACKENDS)
+def test_only_the_backends_import_openvino(rel: str) -> None:
+    """OpenVINO is an optional extra: `import inferchain` (and every module but the backend
+    that needs it) works without it."""
+    bad = [(line, name) for line, name in imports(rel) if within(name, "openvino")]
+    assert not bad, f"inferchain/{rel} imports {bad}"
+
+
+def test_inferchain_imports_without_openvino() -> None:
+    import subprocess
+
+    code = "import sys; sys.modules['openvino'] = None; import inferchain, inferchain.cli"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

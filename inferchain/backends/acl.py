@@ -50,10 +50,11 @@ from inferchain.backends.acl_reports import Reports
 from inferchain.backends.acl_state import Carried, DeviceState, plan
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
-from inferchain.errors import BackendError, LoadError
+from inferchain.errors import BackendError, ConfigError, LoadError
 from inferchain.handover import DeviceTensor
 from inferchain.layout import Axis, Layout
 from inferchain.logs import get_logger
+from inferchain.precision import declared_precision
 from inferchain.tensors import StateRows, TensorDesc
 
 log = get_logger(__name__)
@@ -980,6 +981,10 @@ class AclBackend(Backend):
         session._on_close.append(self._forget)
         with self._lock:
             self._sessions.add(session)
+        wrong = declared_precision(model, (*session.inputs, *session.outputs))
+        if wrong is not None:
+            session.close()
+            raise ConfigError(f"{self._recipe.source}: {wrong}")
         return session
 
     def _forget(self, session: AclSession) -> None:

@@ -30,6 +30,9 @@ class Session(Closing, abc.ABC):
     max_batch_size: int | None = None  # largest batch the loaded model accepts; None = any
     reuses_outputs: bool = True  # run() returns the same host buffers each call
     metadata: Mapping[str, str] = {}  # the model file's custom metadata, where it has any
+    # how the runtime runs the model, as it reports it (e.g. {"threads": "1", "streams": "1",
+    # "precision": "f32"}), for `inferchain info`; empty where it tells nothing
+    settings: Mapping[str, str] = {}
     last_stages: Mapping[str, float] | None = None  # seconds per stage of the last run
     # (e.g. {"h2d": ..., "compute": ..., "d2h": ...}) where the backend can tell
     # inputs (indices) that `launch` also takes as rows of `inferchain.DeviceTensor`s (an

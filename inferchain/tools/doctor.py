@@ -20,10 +20,12 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from inferchain.backends.openvino_options import CAPABILITIES, properties
 from inferchain.backends.probe import (
     RuntimeProbe,
     probe_acl,
     probe_onnxruntime,
+    probe_openvino,
     unknown_provider,
 )
 from inferchain.config import Recipe, load_recipe, recipe_file
@@ -132,6 +134,15 @@ def runtime_checks(ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
     return checks
 
 
+def openvino_check(ov: RuntimeProbe) -> Check:
+    """OpenVINO's version and what its CPU plugin can run here (bf16 needs AMX/AVX512_BF16)."""
+    if not ov.available:
+        return Check(
+            "openvino", Status.MISSING, f"{ov.detail} (pip install 'inferchain[openvino]')"
+        )
+    return Check("openvino", Status.OK, f"{ov.version}; {ov.detail}")
+
+
 def recipe_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
     """Whether `recipe`'s backend, each provider it asks for and its pipeline (with what
     the pipeline imports) can run here: the checks `init()` makes before loading a model."""
@@ -153,6 +164,8 @@ def pipeline_checks(recipe: Recipe) -> list[Check]:
 
 def _backend_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
     name = f"recipe {recipe.name}"
+    if recipe.backend == "openvino":
+        return openvino_recipe_checks(recipe, probe_openvino())
     if recipe.backend == "acl":
         if not acl.available:
             return [Check(name, Status.FAIL, "backend acl needs pyACL, which does not import")]
@@ -160,6 +173,10 @@ def _backend_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> lis
     if not ort.available:
         return [Check(name, Status.FAIL, "backend onnxruntime needs onnxruntime")]
     checks = [Check(name, Status.OK, "backend onnxruntime")]
+    for m in recipe.models:
+        if m.precision != "f32":
+            detail = f"precision {m.precision}: onnxruntime runs the file's own types (openvino?)"
+            checks.append(Check(f"  {m.name}", Status.FAIL, detail))
     for entry in recipe.providers:
         provider = entry if isinstance(entry, str) else next(iter(entry), "?")
         wrong = unknown_provider(provider, ort.known_providers)
@@ -170,6 +187,30 @@ def _backend_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> lis
         else:
             detail = "not in this onnxruntime build: runs on CPUExecutionProvider instead"
             checks.append(Check(f"  {provider}", Status.WARN, detail))
+    return checks
+
+
+def openvino_recipe_checks(recipe: Recipe, ov: RuntimeProbe) -> list[Check]:
+    """Whether OpenVINO is here, the properties each model gets from the recipe's session
+    options (threads, streams, precision) or the key it refuses, and whether this CPU runs
+    each model's precision."""
+    name = f"recipe {recipe.name}"
+    if not ov.available:
+        return [Check(name, Status.FAIL, "backend openvino needs openvino, which does not import")]
+    checks = [Check(name, Status.OK, "backend openvino")]
+    for m in recipe.models:
+        try:
+            props = properties(m.session_options or recipe.session_options, m.precision, "")
+        except ConfigError as e:
+            checks.append(Check(f"  {m.name}", Status.FAIL, str(e)))
+            continue
+        threads = props.get("INFERENCE_NUM_THREADS", "default")
+        detail = f"threads {threads}, streams {props['NUM_STREAMS']}, precision {m.precision}"
+        if CAPABILITIES[m.precision] not in ov.capabilities:
+            detail += f": this CPU cannot run {m.precision} (it can: {', '.join(ov.capabilities)})"
+            checks.append(Check(f"  {m.name}", Status.FAIL, detail))
+        else:
+            checks.append(Check(f"  {m.name}", Status.OK, detail))
     return checks
 
 
@@ -187,6 +228,7 @@ def diagnose(recipe: Recipe | str | Path | None = None) -> list[Check]:
     ort, acl = probe_onnxruntime(), probe_acl()
     checks = runtime_checks(ort, acl)
     checks += [
+        openvino_check(probe_openvino()),
         cann_check(),
         version_file_check("Ascend driver", ASCEND / "driver" / "version.info"),
         version_file_check("Ascend firmware", ASCEND / "firmware" / "version.info"),
