@@ -32,7 +32,7 @@ from common import interleave, median, table, write_results
 
 import inferchain as ic
 from inferchain.driver import PipelineDriver
-from inferchain.images import read_image
+from inferchain.images import RAPIDOCR, read_image
 from inferchain.pipeline import import_recipe_module, load_pipeline
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ MODELS = ("det", "cls", "rec")
 
 def cycle(paths: Iterable[Path], n: int) -> list[np.ndarray]:
     """`n` images read from `paths`, repeating them in order."""
-    images = [read_image(p) for p in sorted(paths)]
+    images = [read_image(p, RAPIDOCR) for p in sorted(paths)]
     return list(itertools.islice(itertools.cycle(images), n))
 
 
