@@ -392,3 +392,19 @@ def test_doctor_fails_a_provider_onnxruntime_does_not_know(
     recipe = ic.load_recipe(write_recipe(tmp_path), providers=["CPUExecutonProvider"])
     (check,) = [c for c in doctor.diagnose(recipe) if c.name.strip() == "CPUExecutonProvider"]
     assert check.status is Status.FAIL and "did you mean 'CPUExecutionProvider'?" in check.detail
+
+
+def test_doctor_fails_a_pipeline_that_names_a_model_the_recipe_lacks(
+    machine: Path, tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = write_recipe(tmp_path)
+    (folder / "pipeline.py").write_text(
+        "from inferchain.pipeline import Pipeline\n\n\nclass P(Pipeline):\n"
+        "    def process(self, item):\n        return (yield self.submit('mpl', item))\n",
+        encoding="utf-8",
+    )
+    with (folder / "recipe.yaml").open("a", encoding="utf-8") as f:
+        f.write("pipeline: pipeline.py:P\n")
+    assert cli("doctor", folder) == 1
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  pipeline")]
+    assert " FAIL " in line and "model 'mpl'" in line and "did you mean 'mlp'?" in line

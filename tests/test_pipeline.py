@@ -233,3 +233,11 @@ def test_the_shipped_recipes_pipelines_name_only_their_models() -> None:
         recipe = ic.load_recipe(RECIPES / name)
         found = {model for model, _ in named_models(pipeline_class(recipe))}
         assert found and found <= models, (name, found)
+
+
+def test_the_install_hint_names_packages_not_modules() -> None:
+    from inferchain.extras import install_hint
+
+    assert install_hint(None, ["cv2", "PIL.Image", "simplejpeg"]) == (
+        "pip install opencv-python pillow simplejpeg"
+    )

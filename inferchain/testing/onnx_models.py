@@ -381,3 +381,32 @@ def write_detector(
     out = Path(path)
     out.write_bytes(data)
     return out
+
+
+def write_classifier(
+    path: str | Path, *, size: int = 224, classes: int = 10, seed: int = 0
+) -> Path:
+    """An image classifier: ``x`` float32 [N, 3, size, size] -> ``logits`` float32
+    [N, classes], a linear layer over the image's mean colour (global average pool)."""
+    rng = np.random.default_rng(seed)
+    f32 = np.dtype(np.float32)
+    nodes = [
+        _node("GlobalAveragePool", ["x"], ["pooled"]),
+        _node("Flatten", ["pooled"], ["colour"]),
+        _node("MatMul", ["colour", "W"], ["scores"]),
+        _node("Add", ["scores", "b"], ["logits"]),
+    ]
+    weights = [
+        _tensor("W", (rng.standard_normal((3, classes)) * 4).astype(f32)),
+        _tensor("b", rng.standard_normal(classes).astype(f32)),
+    ]
+    data = _model(
+        nodes,
+        weights,
+        [_value_info("x", f32, ["N", 3, size, size])],
+        [_value_info("logits", f32, ["N", classes])],
+        "classifier",
+    )
+    out = Path(path)
+    out.write_bytes(data)
+    return out

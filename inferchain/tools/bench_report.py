@@ -118,7 +118,7 @@ def utilisation_table(u: Utilisation, models: Sequence[str]) -> list[str]:
     """Each worker's busy / starved / idle share of the run and its batches, the host pool,
     the models' padding, and what bounds the run."""
     rows = [
-        [w.worker, f"{w.busy:.0%}", f"{w.starved:.0%}", f"{1 - w.busy - w.starved:.0%}",
+        [w.worker, f"{w.busy:.0%}", f"{w.starved:.0%}", f"{max(0.0, 1 - w.busy - w.starved):.0%}",
          w.batches, w.mean_batch]
         for w in u.workers
     ]  # fmt: skip

@@ -74,14 +74,14 @@ def model_pool(oi: OfflineInference, model: str, dynamic_dim: int) -> tuple[Item
     """A model's synthetic items, and what to say of their shapes (None: the model's own,
     all fixed)."""
     info, policy = oi.model_info(model), oi.shape_policy(model)
+    item_shapes = policy.layout.item_shapes(info.inputs)
+    if all(d is not None for shape in item_shapes for d in shape):
+        return synthetic_items(info, layout=policy.layout), None
     buckets = [tuple(tuple(int(d) for d in s) for s in key) for key in policy.buckets]
     if buckets:
         items = synthetic_items(info, layout=policy.layout, shapes=buckets)
         return items, f"items of the recipe's {len(buckets)} bucket shape(s) in turn, unpadded"
     items = synthetic_items(info, dynamic_dim=dynamic_dim, layout=policy.layout)
-    item_shapes = policy.layout.item_shapes(info.inputs)
-    if all(d is not None for shape in item_shapes for d in shape):
-        return items, None
     return items, (
         f"dynamic dims set to {dynamic_dim} (--dynamic-dim): speed and padding are those of "
         "synthetic shapes; `bench --pipeline --input PATH` measures the recipe's own items"
