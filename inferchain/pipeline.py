@@ -225,6 +225,7 @@ class ImagePipeline(Pipeline):
         return self.reader.read(path)
 
     def describe_load(self, path: Path) -> str:
+        """The file's format, mode and size, and the pixels `self.reader` gives of it."""
         return self.reader.describe(path)
 
 
