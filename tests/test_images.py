@@ -275,3 +275,20 @@ def test_closed_and_init_messages_say_what_to_do(make_recipe: object, mlp_path: 
         oi.infer("m", np.zeros(64, np.float32))
     with pytest.raises(ic.Closed, match="create a new OfflineInference"):
         oi.init()
+
+
+@pytest.mark.parametrize("reader", [PLAIN, RAPIDOCR], ids=["plain", "rapidocr"])
+def test_a_truncated_rgb_png_is_invalid_input_on_the_opencv_path_too(
+    reader: ImageReader, tmp_path: Path
+) -> None:
+    """An 8-bit RGB PNG goes to OpenCV where BGR is wanted; cut short, it is refused all the
+    same (OpenCV gives nothing, Pillow names the cause)."""
+    whole = saved(
+        Image.fromarray(RNG.integers(0, 256, (60, 80, 3), dtype=np.uint8)), tmp_path, "w.png"
+    )
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size * 2 // 3])
+    with pytest.raises(
+        ic.InvalidInput, match=r"cut\.png: not a readable image \(image file is truncated"
+    ):
+        reader.read(cut)
