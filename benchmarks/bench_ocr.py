@@ -38,7 +38,7 @@ from openvino_sides import openvino_recipes, precisions
 import inferchain as ic
 from inferchain.config import import_recipe_module
 from inferchain.driver import PipelineDriver
-from inferchain.images import read_image
+from inferchain.images import RAPIDOCR, read_image
 from inferchain.pipeline import load_pipeline
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ MODELS = ("det", "cls", "rec")
 
 def cycle(paths: Iterable[Path], n: int) -> list[np.ndarray]:
     """`n` images read from `paths`, repeating them in order."""
-    images = [read_image(p) for p in sorted(paths)]
+    images = [read_image(p, RAPIDOCR) for p in sorted(paths)]
     return list(itertools.islice(itertools.cycle(images), n))
 
 

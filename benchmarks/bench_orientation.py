@@ -48,7 +48,7 @@ import inferchain as ic
 from inferchain.backends.onnxruntime import session_options
 from inferchain.cli.run import Item, run_files
 from inferchain.cli.tally import Tally
-from inferchain.images import read_image
+from inferchain.images import RAPIDOCR, read_image
 from inferchain.results import ResultsFile
 from inferchain.tools.progress import Progress
 
@@ -57,7 +57,7 @@ BATCH = 16
 
 
 def pages(n: int) -> list[np.ndarray]:
-    samples = [read_image(p) for p in sorted((RECIPE / "samples").glob("*.png"))]
+    samples = [read_image(p, RAPIDOCR) for p in sorted((RECIPE / "samples").glob("*.png"))]
     out = []
     for i in range(n):
         image = samples[i % len(samples)]

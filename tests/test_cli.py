@@ -301,3 +301,24 @@ def test_bench_pipeline_reports_items_and_model_requests_apart(tmp_path: Path) -
     assert "model requests: 8 (all models)" in done.stdout
     data = json.loads(figures.read_text())
     assert data["pipeline"]["items"] == 8 and data["pipeline"]["latency_ms"]["count"] == 8
+
+
+@pytest.mark.parametrize("command", ["info", "doctor"])
+def test_a_reader_that_goes_away_ends_the_command_quietly(tiny: Path, command: str) -> None:
+    """`inferchain info RECIPE | head`: no "Broken pipe" error, the shell's usual status for
+    a writer whose reader left (141, 128 + SIGPIPE). The pipe's read end is closed before
+    the command starts, so every write to it fails."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "inferchain.cli", command, str(tiny)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""

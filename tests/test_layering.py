@@ -343,6 +343,7 @@ def test_the_fakes_codes_fail_and_api_are_its_bottom() -> None:
     assert inside <= {FAKE + "_args.py"}, f"{FAKE}_calls.py imports {sorted(inside)}"
     assert not {m for m in GRAPH[FAKE + "_args.py"] if m.startswith(FAKE)}
 
+
 OUTSIDE_BACKENDS = [m for m in MODULES if not m.startswith(("backends/", "testing/fake_acl/"))]
 
 

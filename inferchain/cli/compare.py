@@ -157,14 +157,15 @@ def precision(args: argparse.Namespace) -> int:
 def batch_invariance(args: argparse.Namespace) -> int:
     """`--batch-invariance RECIPE`: the recipe's pipeline over its inputs, recording what
     each model is given, then those items again at several batch sizes."""
-    from inferchain.cli.run import FileReader, _sources, input_files, input_items
+    from inferchain.cli.run import FileReader
     from inferchain.config import load_recipe
     from inferchain.driver import PipelineDriver
     from inferchain.offline import OfflineInference
+    from inferchain.sources import input_files, input_items, sources_of
     from inferchain.tools.invariance import capture_items, check_invariance, items_of
 
     recipe = load_recipe(args.batch_invariance)
-    sources = _sources(recipe, args.input)
+    sources = sources_of(recipe, args.input)
     with OfflineInference(recipe) as oi:
         pipeline = oi.pipeline
         files = input_items(input_files(sources, pipeline), pipeline)[: args.limit]
