@@ -6,6 +6,9 @@ B4  OCR recipe (det -> cls -> rec) on the sample pages: images/s vs RapidOCR()  
     work here: the recipe's own det, cls and rec tensors of the pages (no host work, no
     dependencies between them) run by bare one-thread sessions, one per core, each job
     placed ahead of time so that every core gets the same model time (`ceiling`).
+    The OpenVINO side: the same recipe on `backend: openvino` at f32 (its texts identical to
+    RapidOCR's too), against the recipe on onnxruntime; no bf16 side: the OCR recipe states
+    no tolerance for it (its texts must stay RapidOCR's).
 B5  OCR and the orientation classifier at once, in one process (one recipe, four models)
     vs the same two workloads one after the other on the same OfflineInference  target >= 1.2x
 
@@ -16,6 +19,7 @@ Run: `python benchmarks/bench_ocr.py [--quick]`; writes benchmarks/results/bench
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
 import os
@@ -29,11 +33,13 @@ import numpy as np
 import structlog
 import yaml
 from common import interleave, median, table, write_results
+from openvino_sides import openvino_recipes, precisions
 
 import inferchain as ic
+from inferchain.config import import_recipe_module
 from inferchain.driver import PipelineDriver
-from inferchain.images import read_image
-from inferchain.pipeline import import_recipe_module, load_pipeline
+from inferchain.images import RAPIDOCR, read_image
+from inferchain.pipeline import load_pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 OCR = REPO / "recipes" / "ocr"
@@ -43,7 +49,7 @@ MODELS = ("det", "cls", "rec")
 
 def cycle(paths: Iterable[Path], n: int) -> list[np.ndarray]:
     """`n` images read from `paths`, repeating them in order."""
-    images = [read_image(p) for p in sorted(paths)]
+    images = [read_image(p, RAPIDOCR) for p in sorted(paths)]
     return list(itertools.islice(itertools.cycle(images), n))
 
 
@@ -70,7 +76,17 @@ def b4(pages: list[np.ndarray], rounds: int, in_flight: int) -> dict[str, Any]:
         "rapidocr_1thread": RapidOCR(intra_op_num_threads=1, inter_op_num_threads=1),
     }
     outputs: dict[str, list[Any]] = {}
-    with ic.OfflineInference(ic.load_recipe(OCR)) as oi:
+    wanted, why_not = precisions(ic.load_recipe(OCR))
+    with ic.OfflineInference(ic.load_recipe(OCR)) as oi, contextlib.ExitStack() as stack:
+        ov = openvino_recipes(OCR, stack, wanted)
+
+        def on_openvino(p: str) -> Callable[[], float]:
+            def run() -> float:
+                started = time.perf_counter()
+                outputs[f"openvino_{p}"] = list(ov[p].run(pages, max_in_flight=in_flight))
+                return time.perf_counter() - started
+
+            return run
 
         def baseline(name: str) -> Callable[[], float]:
             def run() -> float:
@@ -92,6 +108,7 @@ def b4(pages: list[np.ndarray], rounds: int, in_flight: int) -> dict[str, Any]:
         before = oi.stats()
         sides = {name: baseline(name) for name in engines} | {"inferchain": inferchain}
         sides["ceiling"] = bound
+        sides |= {f"openvino_{p}": on_openvino(p) for p in wanted}
         samples = interleave(sides, rounds)
         stages = breakdown(before, oi.stats(), clock.seconds, len(pages) * (rounds + 1))
     reference = texts(outputs["rapidocr"])
@@ -108,6 +125,14 @@ def b4(pages: list[np.ndarray], rounds: int, in_flight: int) -> dict[str, Any]:
             "inferchain_share": ratios(samples["ceiling"], samples["inferchain"]),
         },
         "texts_identical": all(texts(out) == reference for out in outputs.values()),
+        "openvino": {
+            f"openvino_{p}": {
+                "vs_onnxruntime_recipe": ratios(samples["inferchain"], samples[f"openvino_{p}"]),
+                "vs_rapidocr": ratios(samples["rapidocr"], samples[f"openvino_{p}"]),
+            }
+            for p in wanted
+        },
+        "openvino_not_run": why_not,
         "stages": stages,
         "target": ">= 1.6x",
     }
@@ -212,6 +237,7 @@ def combined_recipe() -> ic.Recipe:
     # it runs with the OCR recipe's session options (a model-level `session_options:` mapping
     # is not accepted by inferchain.config yet)
     model = {k: v for k, v in orient["models"][0].items() if k != "session_options"}
+    model["reference"] = str(ORIENTATION / model["reference"])  # relative to its own recipe
     return ic.load_recipe(OCR, models=[*ocr["models"], model], params=orient.get("params", {}))
 
 
@@ -319,6 +345,19 @@ def report(r4: dict[str, Any], r5: dict[str, Any]) -> None:
             "(reference)",
             "",
         ),
+        *(
+            (
+                "B4",
+                f"pages/s, recipe on openvino {side.split('_')[1]}",
+                f"{r4['images_per_s'][side]:.2f}",
+                f"{r4['images_per_s']['inferchain']:.2f} recipe on onnxruntime",
+                f"{r['vs_onnxruntime_recipe']['median_of_pairs']:.2f}x "
+                f"({r['vs_rapidocr']['median_of_pairs']:.2f}x RapidOCR())",
+                "(reference)",
+                str(r4["texts_identical"]),
+            )
+            for side, r in r4["openvino"].items()
+        ),
         (
             "B5",
             f"items/s ({r5['pages']} pages + {r5['orientation_items']} orientation)",
@@ -334,6 +373,8 @@ def report(r4: dict[str, Any], r5: dict[str, Any]) -> None:
         f"{k} {v['s']:.1f} s on {v['cores']:.2f} cores" for k, v in r5["parts"].items()
     )
     print(f"B5, last round: {busy}")
+    if r4["openvino_not_run"]:
+        print(f"B4 on openvino, not run: {r4['openvino_not_run']}")
     share = r4["ceiling"]["inferchain_share"]["median_of_pairs"]
     print(
         f"B4: inferchain runs at {share:.0%} of the ceiling's speed; the ceiling is "

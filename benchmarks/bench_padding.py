@@ -30,7 +30,7 @@ import structlog
 from common import interleave, median, table, write_results
 
 import inferchain as ic
-from inferchain.images import read_image
+from inferchain.images import RAPIDOCR, read_image
 
 OCR = Path(__file__).resolve().parent.parent / "recipes" / "ocr"
 HEIGHT, STEP, BATCH = 48, 8, 8
@@ -52,7 +52,7 @@ def crops() -> list[np.ndarray]:
             return padded_as_the_recipe_does(lines)  # type: ignore[no-any-return]
 
         pipeline.rec_inputs = at_own_width
-        list(oi.run(read_image(p) for p in sorted((OCR / "samples").glob("*.png"))))
+        list(oi.run(read_image(p, RAPIDOCR) for p in sorted((OCR / "samples").glob("*.png"))))
     return found
 
 

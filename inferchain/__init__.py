@@ -4,7 +4,7 @@ OfflineInference -> Scheduler -> ExecutionEngine -> ModelWorker -> Backend, on O
 (CPU, CUDA and CANN execution providers) and Ascend pyACL. See README.md and docs/.
 """
 
-from inferchain.config import ModelConfig, Recipe, load_recipe
+from inferchain.config import ModelConfig, Recipe, import_recipe_module, load_recipe
 from inferchain.core.request import Request, RequestState
 from inferchain.errors import (
     BackendError,
@@ -26,7 +26,7 @@ from inferchain.errors import (
 from inferchain.handover import DeviceTensor
 from inferchain.metrics import Stats
 from inferchain.offline import OfflineInference
-from inferchain.pipeline import ImagePipeline, Pipeline, Process, import_recipe_module
+from inferchain.pipeline import ImagePipeline, Pipeline, Process
 from inferchain.sequence import LiveSequence, Stepper
 from inferchain.shards import read_results, result_arrays
 from inferchain.tensors import ModelInfo, TensorDesc

@@ -2,15 +2,19 @@
 
 `load_recipe()` validates everything on load: an unknown key or a wrong type is a
 `ConfigError` that names the key and the file. The records are frozen; overrides make a new
-recipe.
+recipe. `import_recipe_module()` imports a recipe folder's own modules (its pipeline's).
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import importlib
 import importlib.util
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
 import attrs
@@ -21,6 +25,8 @@ from inferchain.extras import install_hint
 
 _ORT_LEVELS = ("disable", "basic", "extended", "all")
 _STRATEGIES = ("fixed", "dynamic", "buckets", "auto", "longest")
+BACKENDS = ("onnxruntime", "openvino", "acl")  # what a recipe's `backend:` may name
+PRECISIONS = ("f32", "bf16", "f16")  # what a model's `precision:` may ask for
 
 
 class _Schema:
@@ -123,6 +129,11 @@ def _non_negative(_: object, attribute: attrs.Attribute[Any], value: float | Non
         raise ValueError(f"{attribute.name} must be >= 0, got {value}")
 
 
+def _share(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise ValueError(f"{attribute.name} must be between 0 and 1, got {value}")
+
+
 def _severity(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
     if value is not None and not 0 <= value <= 4:
         raise ValueError(
@@ -135,6 +146,14 @@ def _names_to_names(_: object, attribute: attrs.Attribute[Any], value: dict[str,
     bad = {k: v for k, v in value.items() if not (isinstance(k, str) and isinstance(v, str))}
     if bad:
         raise ValueError(f"{attribute.name} must map output names to input names, got {bad}")
+
+
+def _backend_files(_: object, attribute: attrs.Attribute[Any], value: dict[str, Any]) -> None:
+    bad = {k: v for k, v in value.items() if not (k in BACKENDS and isinstance(v, str))}
+    if bad:
+        raise ValueError(
+            f"{attribute.name} must map backends ({', '.join(BACKENDS)}) to model files, got {bad}"
+        )
 
 
 def _names(_: object, attribute: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
@@ -153,7 +172,9 @@ def _one_of(*options: str) -> Any:
 
 @attrs.frozen
 class SessionOptions(_Schema):
-    """ONNX Runtime session options (ignored by other backends). 0 threads = runtime default."""
+    """ONNX Runtime session options; OpenVINO takes those that mean the same to it and
+    refuses the rest (`inferchain.backends.openvino`); acl ignores them. 0 threads = the
+    runtime's default."""
 
     KEYS: ClassVar[Mapping[str, object]] = {
         "intra_op_num_threads": int,
@@ -175,6 +196,35 @@ class SessionOptions(_Schema):
     # onnxruntime's own log for this session: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal;
     # None follows the process default (`inferchain --log-level` sets it)
     log_severity_level: int | None = attrs.field(default=None, validator=_severity)
+
+
+@attrs.frozen
+class ToleranceConfig(_Schema):
+    """How far a model's outputs at a lower `precision` may be from its outputs at f32, on
+    its `reference:` inputs (or seeded random ones): the measures `inferchain compare`
+    reports. Each output must pass every measure given; null leaves one out."""
+
+    KEYS: ClassVar[Mapping[str, object]] = {
+        "rtol": (float, None),
+        "atol": (float, None),
+        "cosine": (float, None),
+        "top_k": (int, None),
+        "agreement": float,
+    }
+    # elementwise: |low - f32| <= atol + rtol * |f32| (both null: not checked)
+    rtol: float | None = attrs.field(default=1e-2, validator=_non_negative)
+    atol: float | None = attrs.field(default=1e-2, validator=_non_negative)
+    # the least cosine similarity of each output with f32's
+    cosine: float | None = attrs.field(default=None, validator=_share)
+    # classifiers: the k best classes (last axis) of a row, in order, the same as at f32 ...
+    top_k: int | None = attrs.field(default=None, validator=_positive)
+    # ... on at least this share of the rows (1.0: every row)
+    agreement: float = attrs.field(default=1.0, validator=_share)
+
+    @property
+    def elementwise(self) -> bool:
+        """Whether elements are checked one by one (`rtol` or `atol` given)."""
+        return self.rtol is not None or self.atol is not None
 
 
 @attrs.frozen
@@ -305,6 +355,10 @@ class ModelConfig(_Schema):
         "constant": list,
         "batching": str,
         "params": dict,
+        "precision": str,
+        "tolerance": ToleranceConfig,
+        "reference": (str, None),
+        "paths": dict,
     }
     name: str
     path: str  # file path (absolute after load) or pkg://package/relative/path
@@ -333,15 +387,23 @@ class ModelConfig(_Schema):
     # a stateful model: output -> input carried from one step of a sequence to the next
     state: dict[str, str] = attrs.field(factory=dict, validator=_names_to_names)
     state_init: str = attrs.field(default="zeros", validator=_one_of("zeros"))  # at open
-    max_sequences: int = attrs.field(default=64, validator=_positive)  # live = state slots
+    max_sequences: int = attrs.field(default=64, validator=_positive)  # live = state lanes
     # a stateful model's inputs that keep one value over a sequence (given at every step;
-    # on acl each sequence's value goes to the device once and stays in its slots)
+    # on acl each sequence's value goes to the device once and stays in its lanes)
     constant: tuple[str, ...] = attrs.field(default=(), validator=_names)
     # window: a batch leaves full, after max_queue_delay_ms, or at once on an idle worker;
     # fill: only full, or at a flush (`OfflineInference.flush()`, the end of a run's input,
     # wait_all, close): batches of consecutive rows, the same for the same inputs
     batching: str = attrs.field(default="window", validator=_one_of("window", "wait", "fill"))
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
+    # the arithmetic the backend runs the model in; below f32 it is checked at init()
+    # against f32 on `reference` within `tolerance` (docs/precision.md)
+    precision: str = attrs.field(default="f32", validator=_one_of(*PRECISIONS))
+    tolerance: ToleranceConfig = attrs.field(factory=ToleranceConfig)
+    # an .npz of typical inputs, by input name with the batch dim (absolute after load)
+    reference: str | None = None
+    # backend -> the model file it loads instead of `path` (e.g. an export it reads)
+    paths: dict[str, str] = attrs.field(factory=dict, validator=_backend_files)
     # not a key: filled in by Recipe.from_dict from the later models' `from:` inputs, this
     # model's outputs they take, each with the batches of it kept on the device for them
     handed: Mapping[str, int] = attrs.field(factory=dict)
@@ -378,7 +440,7 @@ class Recipe(_Schema):
     }
     name: str
     models: tuple[ModelConfig, ...]
-    backend: str = attrs.field(default="onnxruntime", validator=_one_of("onnxruntime", "acl"))
+    backend: str = attrs.field(default="onnxruntime", validator=_one_of(*BACKENDS))
     device: int = attrs.field(default=0, validator=_non_negative)
     providers: tuple[Any, ...] = ("CPUExecutionProvider",)  # str or {name: {options}}
     session_options: SessionOptions = attrs.field(factory=SessionOptions)
@@ -423,7 +485,9 @@ class Recipe(_Schema):
         hint = install_hint(extra) if isinstance(extra, str) else ""
         raw["models"] = [
             _resolve_streams(
-                _resolve_model(ModelConfig.from_dict(m, f"models[{i}]", source), source, i, hint),
+                _resolve_model(
+                    ModelConfig.from_dict(m, f"models[{i}]", source), source, i, hint, backend
+                ),
                 backend,
                 source,
                 i,
@@ -441,12 +505,22 @@ class Recipe(_Schema):
         return attrs.evolve(recipe, source=source)
 
 
-def _resolve_model(model: ModelConfig, source: Path, index: int, hint: str) -> ModelConfig:
-    """Resolve a model's path: pkg:// to the installed package's file, relative to the recipe
-    (`hint`: how to install a missing package)."""
-    where = f"{source}: key 'models[{index}].path'"
-    path = resolve_path(model.path, source.parent, where, hint=hint)
-    return attrs.evolve(model, path=str(path))
+def _resolve_model(
+    model: ModelConfig, source: Path, index: int, hint: str, backend: object
+) -> ModelConfig:
+    """Resolve a model's path (its `paths:` entry for `backend` where it has one) and its
+    `reference`: pkg:// to the installed package's file, relative to the recipe (`hint`:
+    how to install a missing package)."""
+    key = f"models[{index}].path"
+    if str(backend) in model.paths:
+        key = f"models[{index}].paths.{backend}"
+    where = f"{source}: key {key!r}"
+    path = resolve_path(model.paths.get(str(backend), model.path), source.parent, where, hint=hint)
+    reference = model.reference
+    if reference is not None:
+        what = f"{source}: key 'models[{index}].reference'"
+        reference = str(resolve_path(reference, source.parent, what, kind="reference file"))
+    return attrs.evolve(model, path=str(path), reference=reference)
 
 
 DEFAULT_STREAMS = {"acl": 2}  # per backend; others run one batch per worker at a time
@@ -585,6 +659,31 @@ def load_recipe(path: str | Path, **overrides: Any) -> Recipe:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a recipe must be a mapping, got {_tn(data)}")
     return Recipe.from_dict(apply_overrides(data, overrides, source), "", source.resolve())
+
+
+RECIPE_PACKAGE = (
+    "inferchain_recipes"  # the package a recipe folder is imported under (a digest of its path)
+)
+
+
+def import_recipe_module(recipe: Recipe | str | Path, name: str = "pipeline") -> ModuleType:
+    """The module `name` (`pipeline`, or any sibling file's stem) of a recipe's folder, e.g.
+    `ic.import_recipe_module("recipes/vad").VadSteps`.
+
+    `recipe` is a Recipe, or a recipe folder or YAML file (or a `pkg://` path to either).
+    The folder is imported as a package, so its files may import each other (`from . import
+    boxes`); the same folder gives the same modules each time, as `init()` imports them.
+    """
+    root = recipe.root if isinstance(recipe, Recipe) else recipe_file(recipe).resolve().parent
+    digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]
+    package = f"{RECIPE_PACKAGE}.r{digest}"
+    if RECIPE_PACKAGE not in sys.modules:
+        sys.modules[RECIPE_PACKAGE] = ModuleType(RECIPE_PACKAGE)
+    if package not in sys.modules:
+        module = ModuleType(package)
+        module.__path__ = [str(root)]
+        sys.modules[package] = module
+    return importlib.import_module(f"{package}.{name}")
 
 
 def apply_overrides(

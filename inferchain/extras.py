@@ -32,11 +32,16 @@ def extra_pins(extra: str) -> tuple[str, ...]:
     return tuple(pins)
 
 
+#: modules whose package on PyPI has another name
+DISTRIBUTIONS = {"cv2": "opencv-python", "PIL": "pillow", "yaml": "pyyaml"}
+
+
 def install_hint(extra: str | None, modules: Iterable[str] = ()) -> str:
     """`pip install 'inferchain[EXTRA]' (its pins)`, or without an extra `pip install` of
-    the modules' top-level names."""
+    the modules' packages (their top-level names, or `DISTRIBUTIONS`')."""
     if extra is None:
-        return "pip install " + " ".join(sorted({m.split(".")[0] for m in modules}))
+        tops = {m.split(".")[0] for m in modules}
+        return "pip install " + " ".join(sorted(DISTRIBUTIONS.get(t, t) for t in tops))
     pins = extra_pins(extra)
     listed = f" ({', '.join(pins)})" if pins else ""
     return f"pip install 'inferchain[{extra}]'{listed}"

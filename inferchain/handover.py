@@ -6,7 +6,8 @@ output in device memory (acl), each row of it comes back as a `DeviceTensor`, a 
 pipeline passes to the next model's `submit` as it would pass the array; that model's input is
 then filled on the device (a device-to-device copy), and the output never goes to the host.
 Elsewhere (onnxruntime) the output is a plain array and is handed over as it is. Either way
-the results are the same.
+the results are the same. (`init()` checks each `from:` against the loaded models:
+`registry.check_handovers`.)
 
 A DeviceTensor keeps its device memory while anything refers to it (the request's outputs,
 the consuming work, `np.asarray(t)` aside): the memory is reused only after the last
@@ -15,16 +16,9 @@ reference is gone, and never while a consumer's copy from it may still run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
-
-from inferchain.config import Recipe, split_from
-from inferchain.errors import ConfigError
-
-if TYPE_CHECKING:
-    from inferchain.registry import LoadedModel
 
 
 class Holder(Protocol):
@@ -99,58 +93,3 @@ class DeviceTensor:
     def __repr__(self) -> str:
         where = "on the device" if self.alive else "released"
         return f"DeviceTensor({self.source}, {self.dtype.name}{list(self.shape)}, {where})"
-
-
-def check(recipe: Recipe, models: Mapping[str, LoadedModel]) -> None:
-    """Every `from:` against the loaded models: the producer has the output, with its rows
-    on axis 0 and a fixed item shape, and the consumer's input takes that shape and dtype.
-    `ConfigError` naming the key, the models, the expected and the actual else."""
-    for i, consumer in enumerate(recipe.models):
-        for name, config in consumer.inputs.items():
-            if config.from_output is None:
-                continue
-            where = f"key 'models[{i}].inputs.{name}.from'"
-            found = split_from(config.from_output, models)
-            assert found is not None  # checked by Recipe.from_dict
-            producer, output = models[found[0]], found[1]
-            outputs = {t.name: t for t in producer.info.outputs}
-            if output not in outputs:
-                raise ConfigError(
-                    f"{where}: model {found[0]!r} has no output {output!r} (outputs: "
-                    f"{list(outputs)})"
-                )
-            given = producer.config.outputs.get(output)
-            if given is not None and given.batch_axis != 0:
-                raise ConfigError(
-                    f"{where}: output {config.from_output!r} has its rows on axis "
-                    f"{given.batch_axis}; a hand-over takes rows on axis 0"
-                )
-            made = outputs[output]
-            item = made.shape[1:] if made.shape else None
-            spec = consumer_spec(models[consumer.name], name, where)
-            shape, dtype = spec
-            if item is None or None in item or None in shape:
-                raise ConfigError(
-                    f"{where}: {config.from_output!r} ({made.describe()}) and input {name!r} "
-                    f"of model {consumer.name!r} need fixed item shapes to hand rows over"
-                )
-            if tuple(item) != tuple(shape) or made.dtype != dtype:
-                raise ConfigError(
-                    f"{where}: model {consumer.name!r} input {name!r} expects "
-                    f"{dtype.name}{list(shape)} per item, output {config.from_output!r} gives "
-                    f"{made.dtype.name}{list(item)}"
-                )
-
-
-def consumer_spec(
-    model: LoadedModel, name: str, where: str
-) -> tuple[tuple[int | None, ...], np.dtype[Any]]:
-    """The item shape and dtype the consumer's input `name` takes."""
-    spec = model.spec
-    if name not in spec.names:
-        raise ConfigError(
-            f"{where}: {name!r} is not an input of model {model.config.name!r} (inputs: "
-            f"{list(spec.names)})"
-        )
-    k = spec.names.index(name)
-    return tuple(spec.shapes[k]), spec.dtypes[k]

@@ -25,6 +25,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from inferchain.config import import_recipe_module
 from inferchain.errors import Closed
 
 MAX_PROCESSES = 8  # the default pool never grows past this
@@ -33,8 +34,6 @@ MAX_PROCESSES = 8  # the default pool never grows past this
 def _child(recipe: str) -> None:
     """In each process: make the recipe's folder importable under the package name this
     process gave it, so its functions unpickle there (a recipe built in memory has none)."""
-    from inferchain.pipeline import import_recipe_module
-
     if Path(recipe).is_file() and (Path(recipe).parent / "pipeline.py").is_file():
         import_recipe_module(recipe)
 

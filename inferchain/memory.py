@@ -45,7 +45,7 @@ class MemoryPlan:
     instances: int
     budget_bytes: int | None  # memory_budget_mb, or None for no budget
     streams: int = 1  # buffer sets per instance: each stream beyond the first costs buffer_bytes
-    state_bytes: int = 0  # a stateful model's state slots (max_sequences rows of each carried
+    state_bytes: int = 0  # a stateful model's state lanes (max_sequences rows of each carried
     # input), once for the model: host memory, or an acl session's device memory
 
     @property
@@ -61,7 +61,7 @@ class MemoryPlan:
     def check(self) -> None:
         """Raise `ConfigError` when the static memory alone does not fit the budget."""
         if self.budget_bytes is not None and self.static_bytes > self.budget_bytes:
-            state = f", + state slots {self.state_bytes / MB:.1f} MB" if self.state_bytes else ""
+            state = f", + state lanes {self.state_bytes / MB:.1f} MB" if self.state_bytes else ""
             raise ConfigError(
                 f"model {self.model!r} needs {self.static_bytes / MB:.1f} MB "
                 f"(model {self.model_bytes / MB:.1f} MB + buffers {self.buffer_bytes / MB:.1f} MB"

@@ -569,9 +569,10 @@ class OfflineInference:
     ) -> Iterator[Any]:
         """The recipe's pipeline over `items`: one result per item, in order, streaming.
 
-        An item that is a path (`pathlib.Path`, any `os.PathLike`) is read with the
-        pipeline's `load` as it starts (as `inferchain run` reads its files; one that cannot
-        be read fails alone); any other item, a `str` too, goes to `process` as it is.
+        An item that is a path (`pathlib.Path`, any `os.PathLike`; a `str` too where the
+        pipeline's `path_items` says its items are file names, as an `ImagePipeline`'s are)
+        is read with the pipeline's `load` as it starts (as `inferchain run` reads its files;
+        one that cannot be read fails alone); any other item goes to `process` as it is.
         Without a pipeline, a one-model recipe maps items through that model. With
         `on_error="return"` a failed item yields its exception instead of raising. At most
         `max_in_flight` items are in flight (default: the pipeline's `max_in_flight`, 64).

@@ -22,21 +22,20 @@ model's input is declared `from: MODEL.OUTPUT` in the recipe, that output is an
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import os
-import sys
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from inferchain.config import RECIPE_PACKAGE, import_recipe_module
 from inferchain.core.request import Request
-from inferchain.errors import ConfigError, MissingDependency
+from inferchain.errors import ConfigError, InvalidInput, MissingDependency
 from inferchain.extras import missing_message, require
+from inferchain.images import MODULES, ImageReader
+from inferchain.pipeline_check import check_model_names
 
 if TYPE_CHECKING:
     from inferchain.config import Recipe
@@ -73,6 +72,14 @@ class Pipeline:
     #: `inferchain run`'s default `--format`: `jsonl` (one JSON line per item) or `parquet`
     #: (shards with tensors as typed arrays; see `inferchain.shards`)
     output_format: str = "jsonl"
+    #: `OfflineInference.run` reads a `str` item with `load` as it reads a `Path` (the items
+    #: are file names); False: a `str` is data (a text), only a `Path` is read
+    path_items: bool = False
+    #: the models this pipeline submits to, checked against the recipe by `init()` before
+    #: any model loads; None: the names its module's code gives as literals to `submit`,
+    #: `submit_many`, `infer`, `map`, ... of `self`, `self.oi` or `oi`
+    #: (`inferchain.pipeline_check`)
+    model_names: tuple[str, ...] | None = None
 
     def __init__(self, oi: OfflineInference) -> None:
         self.oi = oi
@@ -146,6 +153,15 @@ class Pipeline:
     def save(self, source: Path, item: Any, result: Any, out_dir: Path) -> None:
         """Write extra artefacts for one result (e.g. an annotated image); default none."""
 
+    def describe_load(self, path: Path) -> str:
+        """One line saying what `load` makes of the file at `path` (`inferchain info RECIPE
+        --input PATH`): by default the type, shape and dtype of what it returns."""
+        try:
+            item = self.load(path)
+        except Exception as e:
+            return f"{path}: {type(e).__name__}: {e}"
+        return f"{path}: {describe_value(item)}"
+
 
 class PipelineWrapper(Pipeline):
     """A pipeline around another one (`inner`), e.g. to read its files or time its steps:
@@ -159,38 +175,72 @@ class PipelineWrapper(Pipeline):
 
 
 class PathLoader(PipelineWrapper):
-    """The inner pipeline over items where a path (`pathlib.Path`, any `os.PathLike`) is
-    read with the inner's `load` when its item starts, so a file that cannot be read fails
-    alone; any other item (a `str` too: a pipeline's items may be texts) passes as it is.
-    `OfflineInference.run` runs every pipeline this way."""
+    """The inner pipeline over items where a path (`pathlib.Path`, any `os.PathLike`, and a
+    `str` where the inner's `path_items` says its items are file names) is read with the
+    inner's `load` when its item starts, so a file that cannot be read fails alone; any other
+    item (a `str` of a pipeline whose items are texts) passes as it is. An `InvalidInput` of
+    an item read from a file names the file. `OfflineInference.run` runs every pipeline this
+    way."""
 
     def process(self, item: Any) -> Process:
-        if isinstance(item, os.PathLike):
-            item = self.inner.load(Path(item))
-        work = self.inner.process(item)
-        if isinstance(work, Generator):
-            return (yield from work)
-        return work
+        path = None
+        if isinstance(item, os.PathLike) or (self.inner.path_items and isinstance(item, str)):
+            path = Path(item)
+            item = self.inner.load(path)
+        try:
+            work = self.inner.process(item)
+            if isinstance(work, Generator):
+                return (yield from work)
+            return work
+        except InvalidInput as e:
+            if path is None or str(path) in str(e):
+                raise
+            raise InvalidInput(f"{path}: {e}") from e
 
 
 class ImagePipeline(Pipeline):
-    """A pipeline whose items are BGR uint8 images (H, W, 3), every file read by the one
-    image reader (`inferchain.images.read_image`: the same pixels, bit depths and errors
-    for every image recipe)."""
+    """A pipeline whose items are images: file names (`str` or `Path`), encoded bytes, PIL
+    images or arrays, each read by `self.reader` (`inferchain.images.ImageReader`) into uint8
+    (H, W, 3) pixels in the order `channels` says: by default what Pillow's
+    `Image.open(f).convert("RGB")` gives. The recipe's `params.image` chooses the rest:
+    `alpha` (`drop`, `white`, `rapidocr`), `exif` (turn as the EXIF tag says) and `max_mb`
+    (the largest image an item may make, checked before decoding and before a resize)."""
 
     suffixes = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
-    requires = ("cv2", "PIL.Image")  # inferchain.images.MODULES
+    requires = MODULES
+    path_items = True
+    #: the channel order this pipeline's code is written for: `rgb` or `bgr` (OpenCV's)
+    channels: str = "rgb"
+
+    def __init__(self, oi: OfflineInference) -> None:
+        super().__init__(oi)
+        image = self.params.get("image")
+        self.reader = ImageReader.from_params(image, self.recipe.source, self.channels)
 
     def load(self, path: Path) -> Any:
-        from inferchain.images import read_image
+        """The file's pixels, as `self.reader` reads them."""
+        return self.reader.read(path)
 
-        return read_image(path)
+    def describe_load(self, path: Path) -> str:
+        """The file's format, mode and size, and the pixels `self.reader` gives of it."""
+        return self.reader.describe(path)
+
+
+def describe_value(value: Any) -> str:
+    """`uint8 (480, 640, 3)` for an array, the same per name for a mapping of arrays, the
+    type's name otherwise."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype.name} {tuple(value.shape)}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {describe_value(v)}" for k, v in value.items()) or "{}"
+    return type(value).__name__
 
 
 def pipeline_class(recipe: Recipe) -> type[Pipeline]:
     """The class `file.py:ClassName` of the recipe's `pipeline:` key, imported from the
-    recipe's folder, with every module it `requires` importing: `init()` and `inferchain
-    doctor` check this before any model loads or any item runs.
+    recipe's folder, with every module it `requires` importing and every model it submits to
+    in the recipe (`inferchain.pipeline_check`): `init()` and `inferchain doctor` check this
+    before any model loads or any item runs.
 
     A module that is not installed (imported by the file, or in `requires`) is one
     `MissingDependency` naming the recipe and the install command of its `extra:`; anything
@@ -208,7 +258,7 @@ def pipeline_class(recipe: Recipe) -> type[Pipeline]:
     try:
         module = import_recipe_module(recipe, path.stem)
     except ModuleNotFoundError as e:
-        if e.name is None or e.name.startswith(_PACKAGE):
+        if e.name is None or e.name.startswith(RECIPE_PACKAGE):
             raise ConfigError(f"{what} could not be imported: {e}") from e
         absent = {e.name: f"{type(e).__name__}: {e}"}
         raise MissingDependency(missing_message(what, absent, recipe.extra)) from e
@@ -232,34 +282,10 @@ def pipeline_class(recipe: Recipe) -> type[Pipeline]:
             f"{recipe.source}: key 'pipeline': {recipe.pipeline!r} is not a Pipeline subclass"
         )
     require(cls.requires, recipe.extra, what)
+    check_model_names(cls, recipe)
     return cls
 
 
 def load_pipeline(recipe: Recipe, oi: OfflineInference) -> Pipeline:
     """Import `file.py:ClassName` from the recipe's folder (`pipeline_class`) and build it."""
     return pipeline_class(recipe)(oi)
-
-
-_PACKAGE = "inferchain_recipes"  # recipes' folders are imported as packages under this name
-
-
-def import_recipe_module(recipe: Recipe | str | Path, name: str = "pipeline") -> ModuleType:
-    """The module `name` (`pipeline`, or any sibling file's stem) of a recipe's folder, e.g.
-    `ic.import_recipe_module("recipes/vad").VadSteps`.
-
-    `recipe` is a Recipe, or a recipe folder or YAML file (or a `pkg://` path to either).
-    The folder is imported as a package, so its files may import each other (`from . import
-    boxes`); the same folder gives the same modules each time, as `init()` imports them.
-    """
-    from inferchain.config import Recipe, recipe_file
-
-    root = recipe.root if isinstance(recipe, Recipe) else recipe_file(recipe).resolve().parent
-    digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]
-    package = f"{_PACKAGE}.r{digest}"
-    if _PACKAGE not in sys.modules:
-        sys.modules[_PACKAGE] = ModuleType(_PACKAGE)
-    if package not in sys.modules:
-        module = ModuleType(package)
-        module.__path__ = [str(root)]
-        sys.modules[package] = module
-    return importlib.import_module(f"{package}.{name}")

@@ -1,14 +1,15 @@
-"""The models' registry: each model's workers and what `init()` learnt from its session."""
+"""The models' registry: each model's workers, what `init()` learnt, the `from:` checks."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
+import numpy as np
 
-from inferchain import handover
 from inferchain.backends.base import Backend, Session
-from inferchain.config import ModelConfig, Recipe
+from inferchain.config import ModelConfig, Recipe, split_from
 from inferchain.core.state_pool import StatePool
 from inferchain.core.step_batcher import STEP_COHORTS, StepBatcher
 from inferchain.core.worker import ModelWorker, Outbox
@@ -41,7 +42,7 @@ class LoadedModel:
     @property
     def step_names(self) -> tuple[str, ...]:
         """The outputs a sequence step gives: all but the carried ones where the state
-        stays in device slots."""
+        stays in device lanes."""
         pool = self.pool
         if pool is None or not pool.on_device:
             return self.output_names
@@ -61,7 +62,7 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
         for w in all_workers(workers.values()):
             w.start()
         models = {m.name: _describe(m, workers[m.name]) for m in recipe.models}
-        handover.check(recipe, models)
+        check_handovers(recipe, models)
         for model in models.values():
             model.pool = state_pool(model, recipe)
             for w in model.workers:
@@ -90,6 +91,61 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
         stop_workers(all_workers(workers.values()))
         raise
     return models
+
+
+def check_handovers(recipe: Recipe, models: Mapping[str, LoadedModel]) -> None:
+    """Every `from:` against the loaded models: the producer has the output, with its rows
+    on axis 0 and a fixed item shape, and the consumer's input takes that shape and dtype.
+    `ConfigError` naming the key, the models, the expected and the actual else."""
+    for i, consumer in enumerate(recipe.models):
+        for name, config in consumer.inputs.items():
+            if config.from_output is None:
+                continue
+            where = f"key 'models[{i}].inputs.{name}.from'"
+            found = split_from(config.from_output, models)
+            assert found is not None  # checked by Recipe.from_dict
+            producer, output = models[found[0]], found[1]
+            outputs = {t.name: t for t in producer.info.outputs}
+            if output not in outputs:
+                raise ConfigError(
+                    f"{where}: model {found[0]!r} has no output {output!r} (outputs: "
+                    f"{list(outputs)})"
+                )
+            given = producer.config.outputs.get(output)
+            if given is not None and given.batch_axis != 0:
+                raise ConfigError(
+                    f"{where}: output {config.from_output!r} has its rows on axis "
+                    f"{given.batch_axis}; a hand-over takes rows on axis 0"
+                )
+            made = outputs[output]
+            item = made.shape[1:] if made.shape else None
+            spec = _consumer_spec(models[consumer.name], name, where)
+            shape, dtype = spec
+            if item is None or None in item or None in shape:
+                raise ConfigError(
+                    f"{where}: {config.from_output!r} ({made.describe()}) and input {name!r} "
+                    f"of model {consumer.name!r} need fixed item shapes to hand rows over"
+                )
+            if tuple(item) != tuple(shape) or made.dtype != dtype:
+                raise ConfigError(
+                    f"{where}: model {consumer.name!r} input {name!r} expects "
+                    f"{dtype.name}{list(shape)} per item, output {config.from_output!r} gives "
+                    f"{made.dtype.name}{list(item)}"
+                )
+
+
+def _consumer_spec(
+    model: LoadedModel, name: str, where: str
+) -> tuple[tuple[int | None, ...], np.dtype[Any]]:
+    """The item shape and dtype the consumer's input `name` takes."""
+    spec = model.spec
+    if name not in spec.names:
+        raise ConfigError(
+            f"{where}: {name!r} is not an input of model {model.config.name!r} (inputs: "
+            f"{list(spec.names)})"
+        )
+    k = spec.names.index(name)
+    return tuple(spec.shapes[k]), spec.dtypes[k]
 
 
 def describe(model: ModelConfig, session: Session) -> tuple[ModelInfo, ShapePolicy, MemoryPlan]:

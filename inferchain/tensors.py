@@ -75,20 +75,20 @@ class ModelInfo:
 @attrs.frozen(eq=False)
 class StateRows:
     """Where the carried state of a batch of sequence steps lives, for a session that keeps
-    it in device slots (`Session.open_state`): per batch row, the slot its state is read
-    from, the slot its carried outputs go to, and whether it is a sequence's first step
-    (its state is then the host input row: the initial value), and the first slot of its
+    it in device lanes (`Session.open_state`): per batch row, the lane its state is read
+    from, the lane its carried outputs go to, and whether it is a sequence's first step
+    (its state is then the host input row: the initial value), and the first lane of its
     sequence (`home`: where the sequence's constant inputs are kept, one copy for all its
-    rows; None: each row's own `write` slot)."""
+    rows; None: each row's own `write` lane)."""
 
-    read: np.ndarray  # intp, one per row (a reorder reads another row's slot)
+    read: np.ndarray  # intp, one per row (a reorder reads another row's lane)
     write: np.ndarray  # intp, one per row
     fresh: np.ndarray  # bool, one per row
-    home: np.ndarray | None = None  # intp, one per row: its sequence's first slot
+    home: np.ndarray | None = None  # intp, one per row: its sequence's first lane
 
     @property
     def homes(self) -> np.ndarray:
-        """Per row, the slot that holds its sequence's constant inputs."""
+        """Per row, the lane that holds its sequence's constant inputs."""
         return self.write if self.home is None else self.home
 
     def part(self, start: int, stop: int) -> StateRows:
@@ -112,5 +112,5 @@ class StateRows:
         )
 
     def stepped(self) -> StateRows:
-        """The same rows at their next step: each reads the slot it wrote, none is fresh."""
+        """The same rows at their next step: each reads the lane it wrote, none is fresh."""
         return StateRows(self.write, self.write, np.zeros(len(self.write), bool), self.home)

@@ -10,7 +10,7 @@ from conftest import REPO, recipe
 
 import inferchain as ic
 from inferchain import RequestState as S
-from inferchain.images import read_image
+from inferchain.images import RAPIDOCR, read_image
 from inferchain.testing.fake_acl import FakeAcl
 
 ORIENTATION = REPO / "recipes" / "orientation"
@@ -25,7 +25,7 @@ def acl_recipe(path: Path, **model: object) -> ic.Recipe:
 def test_orientation_recipe_same_outputs_on_acl_and_onnxruntime(no_thread_leak: None) -> None:
     onnx = ic.load_recipe(ORIENTATION)
     fake = FakeAcl(dynamic_batch={onnx.model("orientation").path: GEARS})
-    images = [read_image(p) for p in SAMPLES]
+    images = [read_image(p, RAPIDOCR) for p in SAMPLES]
     with ic.OfflineInference(onnx) as oi:
         expected = list(oi.run(images))
         tensors = [oi.pipeline.preprocess(im) for im in images]  # type: ignore[attr-defined]

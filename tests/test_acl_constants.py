@@ -1,6 +1,6 @@
 """Inputs constant over a sequence (recipe `constant:`) on the acl backend through FakeAcl:
 each sequence's value crosses to the device once, at its first step, and every later step
-gathers it from device slots, with the results of onnxruntime (which feeds it every step)."""
+gathers it from device lanes, with the results of onnxruntime (which feeds it every step)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def run(r: ic.Recipe, items: list[Any], fake: FakeAcl | None = None) -> tuple[li
 def test_each_sequence_constant_crosses_to_the_device_once(att: Path) -> None:
     """Per step only `x` goes in and `total` comes out; each sequence's memory goes in
     once (its first row, at the width of its first batch), the pad row once per session;
-    every other step of every row reads it from the device slots."""
+    every other step of every row reads it from the device lanes."""
     r = att_recipe(att)
     fake = compiled(r)
     items = units(24)
@@ -167,8 +167,8 @@ class TwoSteps(MemorySteps):
         return [u.k == len(u.xs) for u in states]
 
 
-def test_multi_step_batches_read_the_constant_from_the_device_slots(att: Path) -> None:
-    """Two steps per batch: both launches read memory from the slots; it goes in once."""
+def test_multi_step_batches_read_the_constant_from_the_device_lanes(att: Path) -> None:
+    """Two steps per batch: both launches read memory from the lanes; it goes in once."""
     r = att_recipe(att)
     fake = compiled(r)
     items = units(12, seed=4)

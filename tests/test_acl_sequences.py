@@ -1,4 +1,4 @@
-"""Sequences on the acl backend (through FakeAcl): the carried state stays in device slots
+"""Sequences on the acl backend (through FakeAcl): the carried state stays in device lanes
 between steps, gathered and scattered on the device, with the same results as the host pool
 of onnxruntime; the fake counts every copy."""
 
@@ -71,7 +71,7 @@ def items(n: int, seed: int = 0) -> list[np.ndarray]:
 
 def test_state_stays_on_the_device_between_steps(acc16: Path, no_thread_leak: None) -> None:
     fake = FakeAcl(static_batch=BATCH)
-    xs = items(20)  # more sequences than slots: slots are taken again
+    xs = items(20)  # more sequences than lanes: lanes are taken again
     with ic.OfflineInference(acc(acc16), acl_module=fake) as oi:
         assert oi._model("acc").pool.on_device  # type: ignore[union-attr]
         stepper = SumSteps()
@@ -86,7 +86,7 @@ def test_state_stays_on_the_device_between_steps(acc16: Path, no_thread_leak: No
     assert copies["d2h"] == (executions, steps * ROW)
     # to the device: each step's `x`, and each sequence's initial state once
     assert copies["h2d"][1] == steps * ROW + len(xs) * ROW
-    # on the device: every step's state in and out (one copy per run of slots, not per row)
+    # on the device: every step's state in and out (one copy per run of lanes, not per row)
     assert copies["d2d"][1] == 2 * steps * ROW - len(xs) * ROW
     assert copies["d2d"][0] < 2 * steps
     assert all(v == 0 for v in fake.live_handles().values()), fake.live_handles()
@@ -259,7 +259,7 @@ def test_a_step_queued_across_the_reload_fails_alone(acc16: Path) -> None:
 
 def test_steps_with_options_of_one_sequence_stay_in_one_batch(acc16: Path) -> None:
     """Steps given a priority are plain works that the batcher may join and split; a
-    sequence's rows must not be split, or a reorder would read a slot already written."""
+    sequence's rows must not be split, or a reorder would read a lane already written."""
     fake = FakeAcl(static_batch=2)
     window = 600_000  # ms: no partial batch goes for the window's sake, only full ones
     recipe = acc(acc16, max_batch_size=2, max_sequences=4, streams=1, max_queue_delay_ms=window)
@@ -359,7 +359,7 @@ def test_steps_with_options_and_sequences_too_wide(acc16: Path) -> None:
     assert fake.errors == []
 
 
-def test_the_memory_plan_counts_the_state_slots(acc16: Path) -> None:
+def test_the_memory_plan_counts_the_state_lanes(acc16: Path) -> None:
     with ic.OfflineInference(acc(acc16, backend="onnxruntime", max_sequences=32)) as oi:
         plan = oi.memory["acc"]
     assert plan.state_bytes == 32 * ROW
@@ -415,8 +415,8 @@ class GainSteps(ic.Stepper):
 
 def test_state_on_batch_axis_1_stays_on_the_device_in_blocks(axis1: Path) -> None:
     """Dims gears (ATC puts a dynamic batch on axis 0 only), each batch padded to its gear on
-    axis 1; the state in device slots as [2, slots, row], gathered and scattered one copy
-    per block and run of slots; the same outputs as onnxruntime's host pool."""
+    axis 1; the state in device lanes as [2, lanes, row], gathered and scattered one copy
+    per block and run of lanes; the same outputs as onnxruntime's host pool."""
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal((int(rng.integers(1, 7)), H)).astype(np.float32) for _ in range(9)]
     with ic.OfflineInference(axis1_recipe(axis1, "onnxruntime")) as oi:

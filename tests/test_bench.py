@@ -19,15 +19,12 @@ from inferchain.driver import PipelineDriver
 from inferchain.errors import InferchainError
 from inferchain.testing.fake_acl import FakeAcl
 from inferchain.testing.onnx_models import write_image_model, write_mlp, write_mlp64
-from inferchain.tools.bench import (
-    TimedPipeline,
-    bench,
-    run_bench,
-    synthetic_items,
-)
+from inferchain.tools.bench import TimedPipeline, bench, run_bench
+from inferchain.tools.bench_report import format_report
 from inferchain.tools.feeds import DYNAMIC_DIM
 from inferchain.tools.plot import plot_timeline
 from inferchain.tools.progress import Progress
+from inferchain.tools.synthetic import synthetic_items
 
 RECIPE = """\
 name: tiny
@@ -342,3 +339,89 @@ def test_progress_counts_units_done_before_and_shows_rate_and_time_left() -> Non
     progress.update(2)
     assert "left" not in progress.line(progress._started + 4.0)
     progress.close()
+
+
+def test_pipeline_source_reads_the_input_files_given_like_run(
+    tiny_pipeline: Path, tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bench --pipeline --input PATH`: those files, not the recipe's `inputs:` (here one
+    whose shape the model refuses, so every item fails: exit 1); `--input` alone is refused."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    np.save(bad / "short.npy", np.zeros(3, np.float32))
+    report = run_bench(ic.load_recipe(tiny_pipeline), requests=7, source="pipeline", inputs=[bad])
+    assert report.items is not None and report.items.errors == 7
+    ok = run_bench(
+        ic.load_recipe(tiny_pipeline),
+        requests=7,
+        source="pipeline",
+        inputs=[tiny_pipeline / "samples" / "1.npy"],
+    )
+    assert ok.items is not None and ok.items.errors == 0 and ok.items.items == 7
+    assert cli("bench", tiny_pipeline, "--pipeline", "--input", bad, "--requests", 4) == 1
+    capsys.readouterr()
+    assert cli("bench", tiny_pipeline, "--input", bad) == 2
+    assert "--input needs --pipeline" in capsys.readouterr().err
+
+
+def test_requests_are_fed_at_the_rate_the_model_drains_them(tiny: Path) -> None:
+    """Not all requests queued at once (a latency that is queueing): at most two batches per
+    worker in flight by default, `--in-flight` otherwise; the latency is also reported
+    split into waiting and service."""
+    in_flight: list[int] = []
+    with ic.OfflineInference(ic.load_recipe(tiny)) as oi:
+        pending: set[int] = set()
+        submit_many = oi.submit_many
+
+        def counted(model: str, items: Any, **options: Any) -> Any:
+            requests = submit_many(model, items, **options)
+            pending.update(r.id for r in requests)
+            for r in requests:  # a request already done is discarded at once
+                r.add_done_callback(lambda r: pending.discard(r.id))
+            in_flight.append(len(pending))
+            return requests
+
+        oi.submit_many = counted  # type: ignore[method-assign]
+        report = bench(oi, requests=400)
+        assert report.in_flight == {"mlp": 2 * 2 * 8}  # 2 instances, batches of 8
+        assert 0 < max(in_flight) <= 32  # all 400 at once before
+        small = bench(oi, requests=100, in_flight=4)
+    assert small.in_flight == {"mlp": 4}
+    waiting, service = report.waiting_ms, report.service_ms
+    assert waiting.count == service.count == 400
+    text = format_report(report)
+    assert "of it waiting (queue + batch_wait + worker_wait) p50" in text
+    data = report.to_dict()["bench"]
+    assert data["waiting_ms"]["count"] == 400 and data["in_flight"] == {"mlp": 32}  # type: ignore[index]
+
+
+BUCKETED = """\
+name: images
+session_options: {intra_op_num_threads: 1}
+models:
+  - name: image
+    path: image.onnx
+    max_batch_size: 4
+    shapes: {strategy: buckets, buckets: [[3, 16, 16], [3, 24, 40]]}
+"""
+
+
+def test_synthetic_items_of_a_dynamic_model_take_the_recipes_buckets(tmp_path: Path) -> None:
+    """No padding of the benchmark's own making (32 x 32 items in a far larger bucket):
+    the items take the buckets' shapes; without buckets the report says the shapes are
+    synthetic."""
+    write_image_model(tmp_path / "image.onnx")
+    (tmp_path / "recipe.yaml").write_text(BUCKETED, encoding="utf-8")
+    report = run_bench(ic.load_recipe(tmp_path), requests=40)
+    assert report.inputs == {"image": {"image": [3, 16, 16]}}
+    assert report.shape_notes == {
+        "image": "items of the recipe's 2 bucket shape(s) in turn, unpadded"
+    }
+    utilisation = report.stats.utilisation
+    assert utilisation is not None and utilisation.padding["image"] == 0.0
+    assert set(report.stats.models["image"].batch_sizes) <= {1, 2, 3, 4}
+    dynamic = ic.load_recipe(tmp_path, models={"image": {"shapes": {"strategy": "dynamic"}}})
+    report = run_bench(dynamic, requests=8)
+    assert report.inputs == {"image": {"image": [3, DYNAMIC_DIM, DYNAMIC_DIM]}}
+    assert "dynamic dims set to 32 (--dynamic-dim)" in report.shape_notes["image"]
+    assert "`bench --pipeline --input PATH`" in format_report(report)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferchain.testing.onnx_models import write_mlp64
+from inferchain.testing.onnx_models import write_mlp64, write_time_major
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = """\
@@ -197,6 +197,18 @@ def test_an_unknown_log_level_is_one_line(tiny: Path) -> None:
     assert "verbose" in one_line_error(inferchain("--log-level", "verbose", "info", tiny))
 
 
+@pytest.mark.parametrize("level", ["warning", "error"])
+def test_the_log_level_sets_onnxruntimes_own_log_too(tmp_path: Path, level: str) -> None:
+    """onnxruntime warns at load about a model whose declared output shape lies; the
+    command line's `--log-level error` silences it, `warning` shows it."""
+    write_time_major(tmp_path / "lies.onnx", batch=1, declared=(1, 3, 6))
+    recipe = "name: lies\nmodels:\n  - {name: m, path: lies.onnx, max_batch_size: 1}\n"
+    (tmp_path / "recipe.yaml").write_text(recipe, encoding="utf-8")
+    done = inferchain("--log-level", level, "info", tmp_path / "recipe.yaml")
+    assert done.returncode == 0, done.stderr
+    assert ("[W:onnxruntime" in done.stderr) is (level == "warning"), done.stderr
+
+
 def test_debug_is_accepted_after_the_subcommand_and_shows_the_traceback(tmp_path: Path) -> None:
     assert "recipe not found" in one_line_error(inferchain("run", tmp_path / "nope"))
     for args in (("--debug", "run", tmp_path / "nope"), ("run", tmp_path / "nope", "--debug")):
@@ -289,3 +301,24 @@ def test_bench_pipeline_reports_items_and_model_requests_apart(tmp_path: Path) -
     assert "model requests: 8 (all models)" in done.stdout
     data = json.loads(figures.read_text())
     assert data["pipeline"]["items"] == 8 and data["pipeline"]["latency_ms"]["count"] == 8
+
+
+@pytest.mark.parametrize("command", ["info", "doctor"])
+def test_a_reader_that_goes_away_ends_the_command_quietly(tiny: Path, command: str) -> None:
+    """`inferchain info RECIPE | head`: no "Broken pipe" error, the shell's usual status for
+    a writer whose reader left (141, 128 + SIGPIPE). The pipe's read end is closed before
+    the command starts, so every write to it fails."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "inferchain.cli", command, str(tiny)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""

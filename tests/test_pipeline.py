@@ -140,3 +140,104 @@ def test_run_without_a_pipeline_reads_npy_paths(tmp_path: Path) -> None:
     with ic.OfflineInference(tmp_path) as oi:
         (out,) = oi.run([tmp_path / "x.npy"])
         np.testing.assert_array_equal(out["y"], oi.infer("m", x)["y"])
+
+
+def test_a_str_item_is_data_unless_the_pipeline_says_its_items_are_paths(tmp_path: Path) -> None:
+    """One rule (`Pipeline.path_items`): a `str` naming an existing file goes to `process`
+    as it is, unless the pipeline declares that its items are paths; then it is read with
+    `load` as a `Path` is, and an error of the item names the file."""
+    texts = (
+        BASE.replace("    pass\n", "")
+        + "    def process(self, item):\n        return type(item).__name__\n"
+    )
+    x = tmp_path / "x.npy"
+    np.save(x, np.ones(64, np.float32))
+    (tmp_path / "a").mkdir()
+    with ic.OfflineInference(write(tmp_path / "a", "pipeline.py:Good", texts)) as oi:
+        assert not oi.pipeline.path_items
+        assert list(oi.run([str(x), x])) == ["str", "ndarray"]
+    (tmp_path / "b").mkdir()
+    paths = texts + "    path_items = True\n"
+    with ic.OfflineInference(write(tmp_path / "b", "pipeline.py:Good", paths)) as oi:
+        assert list(oi.run([str(x), x])) == ["ndarray", "ndarray"]
+    (tmp_path / "c").mkdir()
+    wrong = paths.replace("return type(item).__name__", "out = yield self.submit('m', item[:3])")
+    with ic.OfflineInference(write(tmp_path / "c", "pipeline.py:Good", wrong)) as oi:
+        (error,) = oi.run([str(x)], on_error="return")
+    assert isinstance(error, ic.InvalidInput)
+    assert str(error) == f"{x}: model 'm' input 'x': expected shape (64), got (3)"
+
+
+SUBMITS = (
+    "from inferchain.pipeline import Pipeline\n\n\n"
+    "def helper(oi, x):\n"
+    "    return oi.infer('m', x)\n\n\n"
+    "class Good(Pipeline):\n"
+    "    def __init__(self, oi):\n"
+    "        super().__init__(oi)\n"
+    "        self.info = oi.model_info('m')\n\n"
+    "    def process(self, item):\n"
+    "        first = yield self.submit('m', item)\n"
+    "        rest = yield self.oi.submit_many(model='m', items=[item])\n"
+    "        return first, rest\n"
+)
+
+
+def test_a_model_the_recipe_lacks_is_one_error_at_init_with_did_you_mean(tmp_path: Path) -> None:
+    """Not one `no model named` error per item: `init()` (and `doctor`) refuse the pipeline
+    before any model loads, naming the file, the line and the closest model."""
+    (tmp_path / "ok").mkdir()
+    with ic.OfflineInference(write(tmp_path / "ok", "pipeline.py:Good", SUBMITS)) as oi:
+        assert type(oi.pipeline).__name__ == "Good"
+    for wrong, line in (
+        ("self.submit('m', item)", 14),
+        ("self.oi.submit_many(model='m', items=[item])", 15),
+        ("oi.infer('m', x)", 5),
+    ):
+        folder = tmp_path / str(line)
+        folder.mkdir()
+        source = SUBMITS.replace(wrong, wrong.replace("'m'", "'mm'"))
+        oi = ic.OfflineInference(write(folder, "pipeline.py:Good", source))
+        with pytest.raises(ConfigError) as caught:
+            oi.init()
+        assert str(caught.value) == (
+            f"{folder / 'recipe.yaml'}: the pipeline uses model 'mm' "
+            f"({folder / 'pipeline.py'}:{line}), which the recipe does not have "
+            "(did you mean 'm'?; models: m)"
+        )
+        assert oi._models == {}  # refused before any model loaded
+
+
+def test_declared_model_names_are_checked_instead_of_the_code(tmp_path: Path) -> None:
+    """Names computed at run time are not in the code: a pipeline declares them."""
+    source = (
+        BASE.replace("    pass\n", "")
+        + "    model_names = ('det',)\n\n"
+        + "    def process(self, item):\n"
+        + "        out = yield self.submit(self.params['model'], item)\n"
+        + "        return out\n"
+    )
+    with pytest.raises(ConfigError, match=r"model 'det' \(Good.model_names\), .*models: m\)$"):
+        pipeline_class(ic.load_recipe(write(tmp_path, "pipeline.py:Good", source)))
+
+
+def test_the_shipped_recipes_pipelines_name_only_their_models() -> None:
+    from inferchain.pipeline_check import named_models
+
+    for name, models in (
+        ("ocr", {"det", "cls", "rec"}),
+        ("orientation", {"orientation"}),
+        ("vad", {"vad"}),
+        ("romanize", {"encoder", "decoder"}),
+    ):
+        recipe = ic.load_recipe(RECIPES / name)
+        found = {model for model, _ in named_models(pipeline_class(recipe))}
+        assert found and found <= models, (name, found)
+
+
+def test_the_install_hint_names_packages_not_modules() -> None:
+    from inferchain.extras import install_hint
+
+    assert install_hint(None, ["cv2", "PIL.Image", "simplejpeg"]) == (
+        "pip install opencv-python pillow simplejpeg"
+    )

@@ -23,7 +23,7 @@ from conftest import wait_until
 
 import inferchain as ic
 from inferchain.cli import main
-from inferchain.images import read_image
+from inferchain.images import RAPIDOCR, read_image
 from inferchain.integrations.ray import RecipePredictor, map_recipe, read_dataset
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "orientation"
@@ -44,7 +44,7 @@ def local_ray() -> Iterator[None]:
 def local_records() -> dict[str, dict[str, Any]]:
     """The orientation recipe run in this process, as `to_record` per sample file name."""
     with ic.OfflineInference(ic.load_recipe(RECIPE)) as oi:
-        results = oi.run(read_image(p) for p in SAMPLES)
+        results = oi.run(read_image(p, RAPIDOCR) for p in SAMPLES)
         return {p.name: oi.pipeline.to_record(r) for p, r in zip(SAMPLES, results, strict=True)}
 
 
@@ -147,7 +147,7 @@ def test_predictor_in_process_reads_files_and_returns_one_row_per_input(tmp_path
 
 def test_predictor_takes_an_image_column(local_records: dict[str, dict[str, Any]]) -> None:
     images = np.empty(len(SAMPLES), dtype=object)
-    images[:] = [read_image(p) for p in SAMPLES]
+    images[:] = [read_image(p, RAPIDOCR) for p in SAMPLES]
     names = np.array([p.name for p in SAMPLES])
     with RecipePredictor(RECIPE, passthrough=("name",)) as predictor:
         out = predictor({"image": images, "name": names})
@@ -158,7 +158,7 @@ def test_predictor_takes_an_image_column(local_records: dict[str, dict[str, Any]
 def test_npy_rows_are_items(tmp_path: Path) -> None:
     """`read_dataset` on a stack of same-shape pages: one row each, read by Ray Data."""
     upright = [p for p in SAMPLES if p.name.endswith(("_rot0.png", "_rot180.png"))]
-    np.save(tmp_path / "pages.npy", np.stack([read_image(p) for p in upright]))
+    np.save(tmp_path / "pages.npy", np.stack([read_image(p, RAPIDOCR) for p in upright]))
     batch = read_dataset([tmp_path / "pages.npy"]).take_batch(len(upright), batch_format="numpy")
     with RecipePredictor(RECIPE) as predictor:
         out = predictor(batch)

@@ -76,3 +76,13 @@ def test_a_recipe_without_a_reference_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no reference file"):
         references.verify("orientation", RECIPES, tmp_path)
     assert references.main(["orientation", "--references-dir", str(tmp_path)]) == 1
+
+
+def test_the_orientation_reference_inputs_are_its_samples_pre_processed() -> None:
+    """`recipes/orientation/reference.npz`, on which a lower precision is checked, is what
+    the pipeline makes of the bundled pages now (refresh: `--inputs orientation`)."""
+    path, fresh_inputs = references.reference_inputs(RECIPES / "orientation")
+    with np.load(path) as committed:
+        assert set(committed.files) == set(fresh_inputs) == {"x"}
+        assert committed["x"].shape == (12, 3, 224, 224)
+        np.testing.assert_allclose(committed["x"], fresh_inputs["x"], atol=1e-4)

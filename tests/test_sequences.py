@@ -1,4 +1,4 @@
-"""Sequences of a stateful model: steps in order, state kept in slots, batched across sequences."""
+"""Sequences of a stateful model: steps in order, state kept in lanes, batched across sequences."""
 
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ def test_a_state_pair_must_name_the_models_own_output_and_input(acc_path: Path) 
 class SequenceMachine(RuleBasedStateMachine):
     """Sequences open, step (from one thread or several at once), fail and close at random
     against a model of running sums: each step's total is its sequence's own running sum
-    (a step never sees another sequence's state), a closed sequence's slot is reused, and
+    (a step never sees another sequence's state), a closed sequence's lane is reused, and
     every step ends exactly once."""
 
     path: Path
@@ -213,7 +213,7 @@ class SequenceMachine(RuleBasedStateMachine):
         self.oi = ic.OfflineInference(r, backend=self.backend).init()
         self.live: dict[
             int, tuple[ic.LiveSequence, np.ndarray, bool]
-        ] = {}  # slot -> (seq, sum, ok)
+        ] = {}  # lane -> (seq, sum, ok)
         self.steps: list[ic.Request] = []
         self.rng = np.random.default_rng(0)
 
@@ -233,30 +233,30 @@ class SequenceMachine(RuleBasedStateMachine):
         if fail:
             self.backend.fail_runs.add(self.backend.counts["run"] + 1)
         pending = []
-        for slot, (seq, _, ok) in self.live.items():
+        for lane, (seq, _, ok) in self.live.items():
             if ok:
                 x = self.rng.standard_normal(W).astype(np.float32)
-                pending.append((slot, x, seq.step({"x": x})))
-        for slot, x, req in pending:
-            seq, total, _ = self.live[slot]
+                pending.append((lane, x, seq.step({"x": x})))
+        for lane, x, req in pending:
+            seq, total, _ = self.live[lane]
             self.steps.append(req)
             if req.exception(timeout=10) is None:
                 expected = total + x
                 np.testing.assert_allclose(req.result()["total"], expected, rtol=1e-5, atol=1e-5)
-                self.live[slot] = (seq, expected, True)
+                self.live[lane] = (seq, expected, True)
             else:
-                self.live[slot] = (seq, total, False)
+                self.live[lane] = (seq, total, False)
         self.backend.fail_runs.clear()
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
     def close(self, data: st.DataObject) -> None:
-        slot = data.draw(st.sampled_from(sorted(self.live)))
-        seq, _, _ = self.live.pop(slot)
+        lane = data.draw(st.sampled_from(sorted(self.live)))
+        seq, _, _ = self.live.pop(lane)
         seq.close()
 
     @invariant()
-    def slots_add_up(self) -> None:
+    def lanes_add_up(self) -> None:
         pool = self.oi._models["acc"].pool
         assert pool is not None and pool.num_free == 3 - len(self.live)
 

@@ -1,5 +1,5 @@
 """`oi.run_sequence` with a `Stepper`: the host logic of many sequences at once, one call per
-step batch; slots, cancels, failures and close."""
+step batch; lanes, cancels, failures and close."""
 
 from __future__ import annotations
 
@@ -77,14 +77,14 @@ def test_sequences_step_together_and_give_each_its_running_sums(acc_path: Path) 
     xs = sequences(20)
     stepper = SumSteps()
     with ic.OfflineInference(acc_recipe(acc_path)) as oi:
-        reqs = [oi.run_sequence("acc", stepper, x) for x in xs]  # 20 sequences, 6 slots
+        reqs = [oi.run_sequence("acc", stepper, x) for x in xs]  # 20 sequences, 6 lanes
         outs = [r.result(timeout=10) for r in reqs]
         stats = oi.stats().models["acc"]
     for x, out in zip(xs, outs, strict=True):
         np.testing.assert_allclose(out, np.cumsum(x, axis=0), rtol=1e-5)
     steps = sum(len(x) for x in xs)
     assert stats.requests == steps and stats.sequences is not None
-    assert stats.sequences.live_max <= 6  # the slots bound the live sequences
+    assert stats.sequences.live_max <= 6  # the lanes bound the live sequences
     assert stepper.calls < steps  # one host call per step batch, not per step
     assert stats.mean_batch_size > 1
 
@@ -123,13 +123,13 @@ def test_rows_and_reorder_move_state_within_a_sequence(acc_path: Path) -> None:
             state = total[::-1]
 
 
-def test_a_cancelled_sequence_frees_its_slot_and_the_others_finish(acc_path: Path) -> None:
+def test_a_cancelled_sequence_frees_its_lane_and_the_others_finish(acc_path: Path) -> None:
     long = np.ones((400, 1, W), np.float32)
     with ic.OfflineInference(acc_recipe(acc_path, max_sequences=2)) as oi:
         stepper = SumSteps()
         doomed = oi.run_sequence("acc", stepper, long)
         other = oi.run_sequence("acc", stepper, long[:3])
-        waiting = oi.run_sequence("acc", stepper, long[:2])  # no slot until one is freed
+        waiting = oi.run_sequence("acc", stepper, long[:2])  # no lane until one is freed
         assert doomed.cancel()
         assert doomed.state is S.CANCELLED
         np.testing.assert_allclose(waiting.result(timeout=10)[-1], 2 * long[0])
@@ -137,13 +137,13 @@ def test_a_cancelled_sequence_frees_its_slot_and_the_others_finish(acc_path: Pat
         assert oi.wait_all(timeout=10)
 
 
-def test_a_sequence_times_out_between_steps_and_frees_its_slot(acc_path: Path) -> None:
+def test_a_sequence_times_out_between_steps_and_frees_its_lane(acc_path: Path) -> None:
     endless = np.ones((100_000, 1, W), np.float32)
     with ic.OfflineInference(acc_recipe(acc_path, max_sequences=2)) as oi:
         stepper = SumSteps()
         late = oi.run_sequence("acc", stepper, endless, timeout=0.2)
         other = oi.run_sequence("acc", stepper, endless[:5], timeout=30)
-        waiting = oi.run_sequence("acc", stepper, endless[:4])  # a slot once `other` ends
+        waiting = oi.run_sequence("acc", stepper, endless[:4])  # a lane once `other` ends
         assert late.wait(10) and late.state is S.TIMED_OUT
         assert isinstance(late.error, ic.RequestTimeout) and "deadline" in str(late.error)
         assert 0 < stepper.steps < len(endless)  # it ran some steps, then timed out
@@ -365,11 +365,11 @@ def test_close_ends_every_sequence(acc_path: Path) -> None:
     lengths=st.lists(st.integers(1, 9), min_size=1, max_size=14),
     rows=st.sampled_from([1, 2]),
     cancel=st.sets(st.integers(0, 13), max_size=4),
-    slots=st.integers(2, 6),
+    lanes=st.integers(2, 6),
     ahead=st.sampled_from([1, 1, 3]),
 )
 def test_every_sequence_ends_once_with_its_own_sums(
-    acc_path: Path, lengths: list[int], rows: int, cancel: set[int], slots: int, ahead: int
+    acc_path: Path, lengths: list[int], rows: int, cancel: set[int], lanes: int, ahead: int
 ) -> None:
     """Any mix of lengths, rows, cancels and steps per batch: each request ends exactly
     once; the ones not cancelled hold their own running sums (no state of another sequence
@@ -377,7 +377,7 @@ def test_every_sequence_ends_once_with_its_own_sums(
     rng = np.random.default_rng(len(lengths))
     xs = [rng.standard_normal((n, rows, W)).astype(np.float32) for n in lengths]
     ends: dict[int, int] = {}
-    with ic.OfflineInference(acc_recipe(acc_path, max_sequences=max(slots, rows))) as oi:
+    with ic.OfflineInference(acc_recipe(acc_path, max_sequences=max(lanes, rows))) as oi:
         stepper = SumSteps(rows=rows) if ahead == 1 else AheadSteps(ahead, rows=rows)
         reqs = [oi.run_sequence("acc", stepper, x) for x in xs]
         for r in reqs:

@@ -230,13 +230,13 @@ MUTATIONS = [
         "            for block in range(1):\n                at =",
     ),
     Mutation(
-        "constant-read-from-each-rows-own-slot",
+        "constant-read-from-each-rows-own-lane",
         CONSTANTS,
         "        homes = rows.homes\n",
         "        homes = rows.write\n",
     ),
     Mutation(
-        "constant-slot-not-padded",
+        "constant-lane-not-padded",
         CONSTANTS,
         "            if size < held:\n",
         "            if False:\n",

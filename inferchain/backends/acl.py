@@ -50,10 +50,11 @@ from inferchain.backends.acl_reports import Reports
 from inferchain.backends.acl_state import Carried, DeviceState, plan
 from inferchain.backends.base import Backend, Session
 from inferchain.config import ModelConfig, Recipe
-from inferchain.errors import BackendError, LoadError
+from inferchain.errors import BackendError, ConfigError, LoadError
 from inferchain.handover import DeviceTensor
 from inferchain.layout import Axis, Layout
 from inferchain.logs import get_logger
+from inferchain.precision import declared_precision
 from inferchain.tensors import StateRows, TensorDesc
 
 log = get_logger(__name__)
@@ -158,8 +159,8 @@ class AclSession(Session):
         self._out_slots: list[Slot] = []
         self._sets: list[BufferSet] = []
         self._last_executed: BufferSet | None = None  # where the model last executed
-        self._state: DeviceState | None = None  # sequence state slots (open_state)
-        self._constants: DeviceConstants | None = None  # constant inputs' slots (open_state)
+        self._state: DeviceState | None = None  # sequence state lanes (open_state)
+        self._constants: DeviceConstants | None = None  # constant inputs' lanes (open_state)
         self._reports: Reports | None = None  # the report thread (completion: callback)
         self._pools: dict[int, HandoverPool] = {}  # per handed output (recipe `from:`)
         # hand-overs of batches whose stream did not synchronize: kept until close
@@ -290,7 +291,7 @@ class AclSession(Session):
         where its rows allow it (`acl_handover.plan`); else it goes to the host, logged."""
         names = [s.name for s in self._out_slots]
         for output, batches in self._model.handed.items():
-            if output not in names:  # `inferchain.handover.check` names it
+            if output not in names:  # `inferchain.registry.check_handovers` names it
                 continue
             i = names.index(output)
             slot = self._out_slots[i]
@@ -383,11 +384,11 @@ class AclSession(Session):
         return self.collect(0)
 
     def open_state(
-        self, carried: Sequence[tuple[int, int]], slots: int, constant: Sequence[int] = ()
+        self, carried: Sequence[tuple[int, int]], lanes: int, constant: Sequence[int] = ()
     ) -> bool:
-        """Keep `slots` rows of each carried input in device memory (see `acl_state`);
+        """Keep `lanes` rows of each carried input in device memory (see `acl_state`);
         False, logged, where the model's rows do not allow it. With the state, the
-        `constant` inputs whose rows allow it go to device slots too (`acl_constants`;
+        `constant` inputs whose rows allow it go to device lanes too (`acl_constants`;
         the others, logged, are fed from the host at every step)."""
         with self._lock:
             self._usable_set(0, "open_state")
@@ -404,7 +405,7 @@ class AclSession(Session):
                 log.info("acl_state_on_host", model=self._model.name, reason=why)
                 return False
             self._call(self._make_current(), "rt.set_context")
-            state = DeviceState(found, slots)
+            state = DeviceState(found, lanes)
             try:
                 state.allocate(self._acl, self._model.name)
             except BaseException:
@@ -412,10 +413,10 @@ class AclSession(Session):
                 raise
             self._state = state
             if constant:
-                self._open_constants(constant, slots)
+                self._open_constants(constant, lanes)
             return True
 
-    def _open_constants(self, constant: Sequence[int], slots: int) -> None:
+    def _open_constants(self, constant: Sequence[int], lanes: int) -> None:
         data = [self._in_slots[i] for i in self._data_index]
         pads: dict[str, float | bool] = {}
         for s in data:  # the recipe's `inputs: {NAME: {pad: ...}}`, else the shapes' pad
@@ -429,7 +430,7 @@ class AclSession(Session):
             log.info("acl_constant_on_host", model=self._model.name, reason=reason)
         if not found:
             return
-        constants = DeviceConstants(found, slots)
+        constants = DeviceConstants(found, lanes)
         try:
             constants.allocate(self._acl, self._model.name)
         except BaseException:
@@ -448,9 +449,9 @@ class AclSession(Session):
         stream: H2D copies, a wait for the model's previous execution (on another set),
         execute, D2H copies. Returns at once; `collect(stream)` waits.
 
-        With `state`, the carried inputs are gathered from the device slots (a first
+        With `state`, the carried inputs are gathered from the device lanes (a first
         step's from its host row) after that wait, the carried outputs are scattered
-        back to the slots before the next execution may start, and they are not copied
+        back to the lanes before the next execution may start, and they are not copied
         to the host.
 
         An input in `handed_inputs` may be rows of DeviceTensors (an object array): it is
@@ -557,10 +558,10 @@ class AclSession(Session):
             raise BackendError(
                 f"{name}: sequence state for {len(state.read)} rows in a batch of {rows}"
             )
-        slots = self._state.slots
+        lanes = self._state.lanes
         for what in (state.read, state.write):
-            if len(what) and not (int(what.min()) >= 0 and int(what.max()) < slots):
-                raise BackendError(f"{name}: a sequence slot outside 0..{slots - 1}")
+            if len(what) and not (int(what.min()) >= 0 and int(what.max()) < lanes):
+                raise BackendError(f"{name}: a sequence lane outside 0..{lanes - 1}")
 
     def _usable_set(self, stream: int, what: str) -> BufferSet:
         if threading.get_ident() != self._owner:
@@ -589,7 +590,7 @@ class AclSession(Session):
         columns: Mapping[int, np.ndarray] | None = None,
     ) -> None:
         """The order of the official samples, on the set's own stream, nothing allocated.
-        With `state`, the device slots are read and written only between the wait for the
+        With `state`, the device lanes are read and written only between the wait for the
         previous execution and this one's "computed" event, which the next one waits for,
         so executions (and their state copies) on the model's sets never overlap."""
         rt, mdl, stream = self._acl.rt, self._acl.mdl, buffer_set.stream
@@ -650,7 +651,7 @@ class AclSession(Session):
             count = math.prod(shape) * slot.dtype.itemsize
             if count > slot.size:
                 raise BackendError(f"{self._model.name}: output {slot.name!r} {shape} overflows")
-            if i in on_device:  # stays in the device slots
+            if i in on_device:  # stays in the device lanes
                 counts.append(0)
                 continue
             lease = buffer_set.leases.get(i)
@@ -980,6 +981,10 @@ class AclBackend(Backend):
         session._on_close.append(self._forget)
         with self._lock:
             self._sessions.add(session)
+        wrong = declared_precision(model, (*session.inputs, *session.outputs))
+        if wrong is not None:
+            session.close()
+            raise ConfigError(f"{self._recipe.source}: {wrong}")
         return session
 
     def _forget(self, session: AclSession) -> None:

@@ -1,19 +1,19 @@
-"""Inputs constant over a sequence, kept in device slots by an acl session (recipe `constant:`).
+"""Inputs constant over a sequence, kept in device lanes by an acl session (recipe `constant:`).
 
 A decoder's encoder output (the romanizer's `memory`) is the same at every step of a
 sequence and for all of its rows (its beams). Fed like any input it would cross to the
 device at every step batch; kept here, it crosses once per sequence: at the sequence's
-first step its first row is copied from the host staging into the sequence's `home` slot
+first step its first row is copied from the host staging into the sequence's `home` lane
 (`StateRows.home`), and every step of every row of the sequence gathers it from there into
 the model's input buffer with a device-to-device copy, on the batch's stream, in the same
 window as the carried state (after the wait for the model's previous execution).
 
 Rows of such an input may differ in their first item dim (the "width": `memory` is
-f32[rows, src_len, 256], padded to the batch's longest source), so a slot holds the widest
+f32[rows, src_len, 256], padded to the batch's longest source), so a lane holds the widest
 row any gear runs: the uploaded row, then the input's pad value (one device row of it, made
-at open) up to that width. A batch of width W reads the first W columns of each slot, which
-are the sequence's row padded to W, as the host would have padded it. The slots cost
-`slots x widest row` of device memory per input.
+at open) up to that width. A batch of width W reads the first W columns of each lane, which
+are the sequence's row padded to W, as the host would have padded it. The lanes cost
+`lanes x widest row` of device memory per input.
 
 `memcpy_async` needs 64-byte aligned addresses, so a column (a row, where the width is
 fixed) must be a multiple of 64 bytes, and the rows must be on axis 0; an input that is not
@@ -48,18 +48,19 @@ Call = Callable[[int, str], None]  # checks a return code, naming the call
 @attrs.define
 class Constant:
     """One constant input: its position among the data inputs, the bytes of one column of
-    a row (the dims after the width), the columns a slot holds, the pad column values."""
+    a row (the dims after the width), the columns a lane holds, the pad column values."""
 
     input: int
     name: str
     col_bytes: int
     width: int  # columns of the widest row any gear runs (the width itself where fixed)
     pad: np.ndarray  # [width, *rest] of the input's pad value, uploaded once at open
-    ptr: int = 0  # every slot's row, `width` columns each
+    ptr: int = 0  # every lane's row, `width` columns each
     pad_ptr: int = 0  # the pad row on the device
 
     @property
-    def slot_bytes(self) -> int:
+    def lane_bytes(self) -> int:
+        """The bytes of one lane: a row of the widest width."""
         return self.width * self.col_bytes
 
 
@@ -99,25 +100,25 @@ def plan(
 
 
 class DeviceConstants:
-    """The device slots of one session's constant inputs (used on its thread)."""
+    """The device lanes of one session's constant inputs (used on its thread)."""
 
-    def __init__(self, constants: list[Constant], slots: int) -> None:
+    def __init__(self, constants: list[Constant], lanes: int) -> None:
         self.constants = constants
-        self.slots = slots
+        self.lanes = lanes
         self.inputs = {c.input: c for c in constants}
 
     def allocate(self, acl: Any, model: str) -> None:
-        """One device allocation per input, `slots` rows of its widest; its pad row, copied
+        """One device allocation per input, `lanes` rows of its widest; its pad row, copied
         from the host once (the context is current)."""
         rt = acl.rt
         for c in self.constants:
-            size = self.slots * c.slot_bytes
+            size = self.lanes * c.lane_bytes
             c.ptr, ret = rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST)
             check(acl, ret, f"{model}: rt.malloc({size}) for the constant input {c.name!r}")
-            c.pad_ptr, ret = rt.malloc(c.slot_bytes, ACL_MEM_MALLOC_HUGE_FIRST)
-            check(acl, ret, f"{model}: rt.malloc({c.slot_bytes}) for the pad of {c.name!r}")
+            c.pad_ptr, ret = rt.malloc(c.lane_bytes, ACL_MEM_MALLOC_HUGE_FIRST)
+            check(acl, ret, f"{model}: rt.malloc({c.lane_bytes}) for the pad of {c.name!r}")
             ret = rt.memcpy(
-                c.pad_ptr, c.slot_bytes, c.pad.ctypes.data, c.slot_bytes, ACL_MEMCPY_HOST_TO_DEVICE
+                c.pad_ptr, c.lane_bytes, c.pad.ctypes.data, c.lane_bytes, ACL_MEMCPY_HOST_TO_DEVICE
             )
             check(acl, ret, f"{model}: rt.memcpy (the pad of {c.name!r})")
 
@@ -126,10 +127,10 @@ class DeviceConstants:
     ) -> None:
         """Fill input `slot` (device, rows of `cols` columns) with each row's sequence value:
         first the sequences starting here put their first row (in the host staging) into
-        their home slot, padded to the slot's width; then every row is copied from its
-        home slot."""
+        their home lane, padded to the lane's width; then every row is copied from its
+        home lane."""
         size = cols * c.col_bytes  # one row of the batch
-        held = c.slot_bytes  # one slot
+        held = c.lane_bytes  # one lane
         assert slot.host_ptr and cols <= c.width  # data inputs have staging; gears fit
         homes = rows.homes
         for j in np.flatnonzero(rows.fresh & (homes == rows.write)).tolist():
@@ -143,7 +144,7 @@ class DeviceConstants:
                     ACL_MEMCPY_DEVICE_TO_DEVICE, stream,
                 )  # fmt: skip
                 call(ret, f"rt.memcpy_async (the pad of {c.name!r})")
-        if size == held:  # the batch runs the widest rows: runs of consecutive slots
+        if size == held:  # the batch runs the widest rows: runs of consecutive lanes
             for row, first, count in runs(homes):
                 ret = rt.memcpy_async(
                     slot.ptr + row * size, count * size, c.ptr + first * held, count * size,

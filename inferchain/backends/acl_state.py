@@ -1,16 +1,16 @@
 """Sequence state kept in device memory by an acl session (`AclSession.open_state`).
 
-Each carried input has one device allocation of `slots` rows, made once. A batch of steps
+Each carried input has one device allocation of `lanes` rows, made once. A batch of steps
 (`StateRows`) gathers its rows' state from there into the model's input buffer, and after
 the execute scatters the carried outputs back, both with device-to-device copies on the
-batch's stream, one copy per run of consecutive slots (not per row). A sequence's first step
+batch's stream, one copy per run of consecutive lanes (not per row). A sequence's first step
 takes its state from the host row instead (the initial value, one host-to-device copy per
 run). The state never goes to the host between steps: the carried outputs are not copied
 back.
 
 A carried input whose rows are on another batch axis (silero-vad's `state`, f32[2, B, 128]:
-axis 1) has `outer` blocks of rows (2 there): the slots are laid out as [outer, slots, row]
-and the model's buffer as [outer, gear rows, row], so a run of consecutive slots is one copy
+axis 1) has `outer` blocks of rows (2 there): the lanes are laid out as [outer, lanes, row]
+and the model's buffer as [outer, gear rows, row], so a run of consecutive lanes is one copy
 per block.
 
 `memcpy_async` needs 64-byte aligned addresses, so a carried row must be a multiple of 64
@@ -42,7 +42,7 @@ Call = Callable[[int, str], None]  # checks a return code, naming the call
 @attrs.define
 class Carried:
     """One state pair: input `input` of the model's inputs (its position among all of
-    them) takes output `output` of the step before; `ptr` holds every slot's row."""
+    them) takes output `output` of the step before; `ptr` holds every lane's row."""
 
     input: int
     output: int
@@ -102,18 +102,18 @@ def runs(src: np.ndarray, split: np.ndarray | None = None) -> list[tuple[int, in
 
 
 class DeviceState:
-    """The device slots of one session's carried inputs (used on its thread)."""
+    """The device lanes of one session's carried inputs (used on its thread)."""
 
-    def __init__(self, carried: list[Carried], slots: int) -> None:
+    def __init__(self, carried: list[Carried], lanes: int) -> None:
         self.carried = carried
-        self.slots = slots
+        self.lanes = lanes
         self.inputs = {c.input: c for c in carried}
         self.outputs = frozenset(c.output for c in carried)
 
     def allocate(self, acl: Any, model: str) -> None:
-        """One device allocation per carried input, `slots` rows each."""
+        """One device allocation per carried input, `lanes` rows each."""
         for c in self.carried:
-            size = c.outer * self.slots * c.row_bytes
+            size = c.outer * self.lanes * c.row_bytes
             ptr, ret = acl.rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST)
             check(acl, ret, f"{model}: rt.malloc({size}) for the state of input {c.input}")
             c.ptr = ptr
@@ -129,7 +129,7 @@ class DeviceState:
         run: int,
     ) -> None:
         """Fill input `slot` (device, `run` rows per block) with the batch rows' state:
-        from the device slots, or, for a first step, from the host staging (where the host
+        from the device lanes, or, for a first step, from the host staging (where the host
         row was put, in the same layout)."""
         n = len(rows.read)
         size = c.row_bytes
@@ -146,7 +146,7 @@ class DeviceState:
                     )
                     call(ret, f"rt.memcpy_async (initial state of {slot.name!r})")
                 else:
-                    held = c.ptr + (block * self.slots + first) * size
+                    held = c.ptr + (block * self.lanes + first) * size
                     ret = rt.memcpy_async(
                         dst, nbytes, held, nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE, stream
                     )
@@ -163,13 +163,13 @@ class DeviceState:
         run: int,
     ) -> None:
         """Copy carried output `slot` (device, `run` rows per block) of the batch's rows
-        into their slots."""
+        into their lanes."""
         size = c.row_bytes
         for row, first, count in runs(rows.write):
             nbytes = count * size
             for block in range(c.outer):
                 ret = rt.memcpy_async(
-                    c.ptr + (block * self.slots + first) * size,
+                    c.ptr + (block * self.lanes + first) * size,
                     nbytes,
                     slot.ptr + (block * run + row) * size,
                     nbytes,

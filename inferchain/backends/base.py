@@ -30,6 +30,9 @@ class Session(Closing, abc.ABC):
     max_batch_size: int | None = None  # largest batch the loaded model accepts; None = any
     reuses_outputs: bool = True  # run() returns the same host buffers each call
     metadata: Mapping[str, str] = {}  # the model file's custom metadata, where it has any
+    # how the runtime runs the model, as it reports it (e.g. {"threads": "1", "streams": "1",
+    # "precision": "f32"}), for `inferchain info`; empty where it tells nothing
+    settings: Mapping[str, str] = {}
     last_stages: Mapping[str, float] | None = None  # seconds per stage of the last run
     # (e.g. {"h2d": ..., "compute": ..., "d2h": ...}) where the backend can tell
     # inputs (indices) that `launch` also takes as rows of `inferchain.DeviceTensor`s (an
@@ -83,7 +86,7 @@ class Session(Closing, abc.ABC):
         """Start one batch on `stream` (0 <= stream < num_streams) without waiting for it.
 
         `state` (only after `open_state` said yes): the batch is sequence steps whose
-        carried inputs come from the session's device slots (the host rows of those
+        carried inputs come from the session's device lanes (the host rows of those
         inputs count only where `state.fresh`), and whose carried outputs go back there;
         `collect` then returns only the outputs that are not carried."""
         if state is not None:
@@ -98,14 +101,14 @@ class Session(Closing, abc.ABC):
     # -- sequence state kept on the device ------------------------------------------------
 
     def open_state(
-        self, carried: Sequence[tuple[int, int]], slots: int, constant: Sequence[int] = ()
+        self, carried: Sequence[tuple[int, int]], lanes: int, constant: Sequence[int] = ()
     ) -> bool:
-        """Keep the carried state of `slots` sequence slots in device memory: `carried`
+        """Keep the carried state of `lanes` sequence lanes in device memory: `carried`
         is (output index, input index) per state pair. False (the default) where the
         session cannot: the state then stays in host memory and goes in and out with
         every step. `constant`: inputs (their indices) that keep one value over a
-        sequence, which the session may keep in device slots too, taking each sequence's
-        value from its first step's rows (`StateRows.fresh`, at its `home` slot). Called on
+        sequence, which the session may keep in device lanes too, taking each sequence's
+        value from its first step's rows (`StateRows.fresh`, at its `home` lane). Called on
         the session's thread, again after a re-load."""
         return False
 

@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from inferchain.backends.base import Backend, Session
+from inferchain.backends.padding import FixedBatch
 from inferchain.backends.probe import unknown_provider
 from inferchain.config import ModelConfig, Recipe, SessionOptions
 from inferchain.errors import BackendError, ConfigError, LoadError
@@ -66,8 +67,8 @@ SEVERITIES = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 def set_log_level(level: str) -> None:
     """onnxruntime's own log (its C++ warnings, e.g. `VerifyOutputSizes`) at `level` and up
     (a `--log-level` name), for the sessions made after: for applications, as
-    `inferchain.logs.configure_output` calls it; a recipe's `session_options:
-    {log_severity_level: N}` overrides it per session."""
+    `inferchain.backends.factory.set_runtime_log_level` calls it; a recipe's
+    `session_options: {log_severity_level: N}` overrides it per session."""
     ort.set_default_logger_severity(SEVERITIES[level.lower()])
 
 
@@ -129,17 +130,20 @@ class OnnxRuntimeSession(Session):
         self._input_names = [t.name for t in self.inputs]
         self._output_names = [t.name for t in self.outputs]
         layout = Layout.of(model, self.inputs, self.outputs)
-        self._axes = layout.inputs  # per input, the dim of its rows (None: unbatched)
         # a model that does not batch takes its inputs whole: no limit, nothing padded
         batching = model.max_batch_size > 0
         self.max_batch_size = layout.batch_limit(self.inputs) if batching else None
         self.reuses_outputs = False  # every run returns new arrays
         self.metadata: dict[str, str] = dict(session.get_modelmeta().custom_metadata_map)
-        self._padded: list[np.ndarray | None] | None = None  # for a fixed-batch model, made once
+        self._fixed = FixedBatch(self.max_batch_size, layout.inputs)
+        so = session.get_session_options()
+        self.settings = {
+            "threads": str(so.intra_op_num_threads or "default"),
+            "providers": ", ".join(session.get_providers()),
+        }
 
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        if self.max_batch_size is not None and batch_size < self.max_batch_size:
-            inputs = self._pad(inputs, batch_size)
+        inputs = self._fixed.pad(inputs, batch_size)
         feed = dict(zip(self._input_names, inputs, strict=True))
         try:
             return self._session.run(self._output_names, feed)  # type: ignore[no-any-return]
@@ -148,32 +152,10 @@ class OnnxRuntimeSession(Session):
 
     def padded_rows(self, rows: int) -> int:
         """A model with a fixed batch runs it whole."""
-        return max(rows, self.max_batch_size or 0)
-
-    def _pad(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        """Rows copied into buffers of the model's fixed batch on each input's batch axis
-        (the rest is stale); an unbatched input is passed as it is."""
-        if self._padded is None:
-            rows = self.max_batch_size or 1
-            self._padded = [
-                None if axis is None else np.zeros(_with_dim(a.shape, axis, rows), a.dtype)
-                for a, axis in zip(inputs, self._axes, strict=True)
-            ]
-        out = []
-        for buf, a, axis in zip(self._padded, inputs, self._axes, strict=True):
-            if buf is None or axis is None:
-                out.append(a)
-                continue
-            np.moveaxis(buf, axis, 0)[:batch_size] = np.moveaxis(a, axis, 0)[:batch_size]
-            out.append(buf)
-        return out
+        return self._fixed.padded_rows(rows)
 
     def close(self) -> None:
         self._session = None
-
-
-def _with_dim(shape: tuple[int, ...], axis: int, size: int) -> tuple[int, ...]:
-    return (*shape[:axis], size, *shape[axis + 1 :])
 
 
 class OnnxRuntimeBackend(Backend):
@@ -192,6 +174,13 @@ class OnnxRuntimeBackend(Backend):
         )
 
     def load(self, model: ModelConfig, device: int) -> Session:
+        if model.precision != "f32":
+            raise ConfigError(
+                f"{self._recipe.source}: model {model.name!r} key 'precision': onnxruntime runs "
+                f"a model in the types its file declares, not at {model.precision} (backend "
+                "openvino runs bf16 and f16 where the CPU has them; or convert the file and "
+                "check it with `inferchain compare`)"
+            )
         options = model.session_options or self._recipe.session_options
         try:
             session = ort.InferenceSession(

@@ -1,6 +1,7 @@
 """Which device runtimes this process can use, asked of the runtimes themselves.
 
-Only `inferchain/backends/*` imports onnxruntime or acl; `inferchain doctor` asks here.
+Only `inferchain/backends/*` imports onnxruntime, openvino or acl; `inferchain doctor` asks
+here.
 Importing pyACL does not initialise it: no device is touched.
 """
 
@@ -25,6 +26,8 @@ class RuntimeProbe:
     detail: str = ""  # where it was found, or why it cannot be used
     providers: tuple[str, ...] = ()  # onnxruntime's execution providers in this build
     known_providers: tuple[str, ...] = ()  # every provider name onnxruntime knows, any build
+    # openvino: what its CPU plugin can run here (OPTIMIZATION_CAPABILITIES: FP32, BF16, ...)
+    capabilities: tuple[str, ...] = ()
 
 
 def probe_onnxruntime() -> RuntimeProbe:
@@ -37,6 +40,21 @@ def probe_onnxruntime() -> RuntimeProbe:
         return RuntimeProbe("onnxruntime", False, detail=f"{type(e).__name__}: {e}")
     version = str(getattr(ort, "__version__", "?"))
     return RuntimeProbe("onnxruntime", True, version, ", ".join(providers), providers, known)
+
+
+def probe_openvino() -> RuntimeProbe:
+    """OpenVINO's version, its devices, and what its CPU plugin can run on this CPU."""
+    try:
+        ov = importlib.import_module("openvino")
+        core = ov.Core()
+        devices = tuple(core.available_devices)
+        capabilities = tuple(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+        cpu = str(core.get_property("CPU", "FULL_DEVICE_NAME"))
+    except Exception as e:  # ImportError, or a plugin that does not start
+        return RuntimeProbe("openvino", False, detail=f"{type(e).__name__}: {e}")
+    version = str(getattr(ov, "__version__", "?")).split("-")[0]
+    detail = f"CPU {cpu}: {', '.join(capabilities)}"
+    return RuntimeProbe("openvino", True, version, detail, devices, capabilities=capabilities)
 
 
 def unknown_provider(name: str, known: Sequence[str]) -> str | None:

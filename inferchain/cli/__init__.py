@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from inferchain.backends.factory import set_runtime_log_level
 from inferchain.logs import configure_output
 
 #: Subcommand modules of this package, in the order `--help` lists them.
@@ -22,7 +24,8 @@ DESCRIPTION = "Batch inference with recipes: many models in one process, batched
 EPILOG = (
     "Exit status: 0 success; 1 some items failed (run, bench), a check failed (doctor) or "
     "outputs differ beyond tolerance (compare); 2 bad input or an error (one line on stderr, "
-    "a traceback with --debug); 130 interrupted."
+    "a traceback with --debug); 130 interrupted; 141 the output's reader went away (a broken "
+    "pipe: `inferchain info RECIPE | head`), quietly."
 )
 
 
@@ -69,11 +72,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: a writer whose reader went away (`inferchain info | head`): the status a shell shows for a
+#: process that SIGPIPE ended, 128 + 13
+BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_output(args.log_level, args.log_format)
+    set_runtime_log_level(args.log_level)
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return status
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return BROKEN_PIPE
     except KeyboardInterrupt:
         print("inferchain: interrupted", file=sys.stderr)
         return 130
@@ -82,6 +96,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"inferchain: error: {describe(e)}", file=sys.stderr)
         return 2
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that the flush at exit finds no closed pipe to fail on
+    (the quiet end a shell's tools make when their reader goes away)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor behind stdout (a test's capture)
+        pass
 
 
 def describe(error: BaseException) -> str:

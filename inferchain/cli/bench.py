@@ -10,6 +10,7 @@ from typing import Any
 
 from inferchain.cli.options import add_command, positive_int
 from inferchain.config import load_recipe
+from inferchain.errors import ConfigError
 from inferchain.extras import require
 from inferchain.tools.bench import run_bench
 from inferchain.tools.bench_report import BenchReport, Source, format_report
@@ -34,12 +35,28 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         type=int,
         metavar="D",
         default=DYNAMIC_DIM,
-        help=f"size of dynamic dims in synthetic inputs (default {DYNAMIC_DIM})",
+        help=f"size of dynamic dims in synthetic inputs where the recipe has no shape buckets "
+        f"(default {DYNAMIC_DIM})",
     )
     bench.add_argument(
         "--pipeline",
         action="store_true",
         help="run the recipe's inputs through its pipeline instead (times pre/post too)",
+    )
+    bench.add_argument(
+        "--input",
+        action="append",
+        type=Path,
+        metavar="PATH",
+        help="with --pipeline: these files or folders instead of the recipe's `inputs:`, read "
+        "as `run` reads them (repeatable)",
+    )
+    bench.add_argument(
+        "--in-flight",
+        type=positive_int,
+        metavar="N",
+        help="synthetic requests in flight per model (default: two batches per worker "
+        "stream, the rate the model drains them)",
     )
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     bench.add_argument(
@@ -54,6 +71,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:  # before anything runs, not after the whole benchmark
         require(PLOT_MODULES, "plot", "--plot")
     recipe = load_recipe(args.recipe)
+    if args.input and not args.pipeline:
+        raise ConfigError("--input needs --pipeline: the recipe's pipeline reads the files")
     source: Source = "pipeline" if args.pipeline else "synthetic"
     models = args.model or [m.name for m in recipe.models]
     total = args.requests * (1 if args.pipeline else len(models))
@@ -65,10 +84,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             source=source,
             on_done=progress.update,
             dynamic_dim=args.dynamic_dim,
+            inputs=args.input,
+            in_flight=args.in_flight,
         )
     print(format_report(report), flush=True)
     write_outputs(report, args)
-    return 0 if report.stats.errors == 0 else 1
+    failed = report.stats.errors + (report.items.errors if report.items is not None else 0)
+    return 0 if failed == 0 else 1  # a request, or a pipeline item, failed
 
 
 def write_outputs(report: BenchReport, args: argparse.Namespace) -> None:

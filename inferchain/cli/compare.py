@@ -1,4 +1,5 @@
 """`inferchain compare MODEL_A MODEL_B`: a converted model's outputs against the original's;
+`inferchain compare --precision P RECIPE`: a model at a lower precision against f32;
 `inferchain compare --batch-invariance RECIPE`: a model's outputs at several batch sizes.
 
 Exit status 0 when every output is within `--rtol/--atol`, 1 when one is not, 2 for bad
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from inferchain.cli.options import add_command, positive_int
+from inferchain.config import PRECISIONS
 from inferchain.errors import ConfigError
 from inferchain.tools.compare import BACKENDS, DEFAULT_ATOL, DEFAULT_RTOL, compare_models
 from inferchain.tools.feeds import DEFAULT_BATCH, DYNAMIC_DIM
@@ -54,6 +56,13 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "largest difference from batches of 1 and the share of bit-identical items",
     )
     p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="with one RECIPE: its model (--model) at this precision against itself at f32, on "
+        "--inputs, else the model's `reference:`, else random inputs; within the model's "
+        "`tolerance:` (--rtol/--atol replace its elementwise part), the measures init() checks",
+    )
+    p.add_argument(
         "--input",
         action="append",
         type=Path,
@@ -76,8 +85,8 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="arrays by input name, with the batch dim (default: seeded random inputs within "
         f"MODEL_A's input description; dynamic dims other than the batch get {DYNAMIC_DIM})",
     )
-    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="default %(default)g")
-    p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="default %(default)g")
+    p.add_argument("--rtol", type=float, help=f"default {DEFAULT_RTOL:g}")
+    p.add_argument("--atol", type=float, help=f"default {DEFAULT_ATOL:g}")
     for side in ("a", "b"):
         p.add_argument(
             f"--backend-{side}",
@@ -98,6 +107,8 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     if args.batch_invariance is not None:
         return batch_invariance(args)
+    if args.precision is not None:
+        return precision(args)
     if args.model_a is None or args.model_b is None:
         raise ConfigError("compare takes MODEL_A MODEL_B, or --batch-invariance RECIPE")
     acl_module = None
@@ -109,8 +120,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         args.model_a,
         args.model_b,
         args.inputs,
-        rtol=args.rtol,
-        atol=args.atol,
+        rtol=_or(args.rtol, DEFAULT_RTOL),
+        atol=_or(args.atol, DEFAULT_ATOL),
         backend_a=args.backend_a,
         backend_b=args.backend_b,
         batch=args.batch,
@@ -123,17 +134,38 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def precision(args: argparse.Namespace) -> int:
+    """`--precision P RECIPE`: the report `init()`'s check would refuse on, on given inputs."""
+    from inferchain.tools.precision import compare_precision
+
+    if args.model_a is None or args.model_b is not None:
+        raise ConfigError("compare --precision takes one RECIPE")
+    report = compare_precision(
+        args.model_a,
+        args.precision,
+        args.inputs,
+        model=args.model,
+        backend_a=args.backend_a,
+        backend_b=args.backend_b,
+        rtol=args.rtol,
+        atol=args.atol,
+    )
+    print(report.format())
+    return 0 if report.passed else 1
+
+
 def batch_invariance(args: argparse.Namespace) -> int:
     """`--batch-invariance RECIPE`: the recipe's pipeline over its inputs, recording what
     each model is given, then those items again at several batch sizes."""
-    from inferchain.cli.run import FileReader, _sources, input_files, input_items
+    from inferchain.cli.run import FileReader
     from inferchain.config import load_recipe
     from inferchain.driver import PipelineDriver
     from inferchain.offline import OfflineInference
+    from inferchain.sources import input_files, input_items, sources_of
     from inferchain.tools.invariance import capture_items, check_invariance, items_of
 
     recipe = load_recipe(args.batch_invariance)
-    sources = _sources(recipe, args.input)
+    sources = sources_of(recipe, args.input)
     with OfflineInference(recipe) as oi:
         pipeline = oi.pipeline
         files = input_items(input_files(sources, pipeline), pipeline)[: args.limit]
@@ -145,6 +177,12 @@ def batch_invariance(args: argparse.Namespace) -> int:
         items = {args.model: items.get(args.model, [])}
     else:  # the models that batch and carry no state
         items = {m: rows for m, rows in items.items() if not recipe.model(m).state}
-    report = check_invariance(args.batch_invariance, items, rtol=args.rtol, atol=args.atol)
+    rtol, atol = _or(args.rtol, DEFAULT_RTOL), _or(args.atol, DEFAULT_ATOL)
+    report = check_invariance(args.batch_invariance, items, rtol=rtol, atol=atol)
     print(report.format())
     return 0 if report.passed else 1
+
+
+def _or(value: float | None, default: float) -> float:
+    """A tolerance flag's value, or its default where it was not given."""
+    return default if value is None else value

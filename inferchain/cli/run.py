@@ -15,17 +15,16 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from inferchain.cli.options import add_command, positive_int
 from inferchain.cli.tally import Tally, positive_seconds
-from inferchain.config import Recipe, load_recipe
+from inferchain.config import load_recipe
 from inferchain.driver import PipelineDriver
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineWrapper, Process
-from inferchain.results import RESULTS, Mode, ResultsFile, input_key
+from inferchain.results import RESULTS, Mode, ResultsFile
 from inferchain.shards import ShardedResults
+from inferchain.sources import Item, input_files, input_items, load_item, sources_of
 from inferchain.tools.progress import Progress
 from inferchain.utilisation import format_utilisation
 
@@ -95,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     out_dir = Path(args.output or Path("out") / recipe.name)
     mode: Mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
-    sources = _sources(recipe, args.input)
+    sources = sources_of(recipe, args.input)
     results = results_sink(out_dir, mode, args.format, args.rows_per_file)
     results.check()  # refuse before loading any model
     if args.ray and args.item_timeout is not None:
@@ -146,62 +145,6 @@ def results_sink(folder: Path, mode: Mode, form: str | None, rows_per_file: int)
     return ShardedResults(folder, mode, rows_per_file)
 
 
-def _sources(recipe: Recipe, given: Sequence[Path] | None) -> list[Path]:
-    """The --input paths, or the recipe's `inputs:`; each must exist."""
-    sources = list(given or ([recipe.root / recipe.inputs] if recipe.inputs else []))
-    if not sources:
-        raise ConfigError(f"{recipe.source}: no `inputs:` in the recipe; pass --input")
-    for p in sources:
-        if not p.exists():
-            raise ConfigError(f"--input {p}: no such file or folder")
-    return sources
-
-
-@attrs.frozen
-class Item:
-    """One item of a run: a file, or one line of a file (a pipeline's `item_per_line`)."""
-
-    file: Path
-    line: int | None = None  # 1-based
-    text: str = ""  # that line
-
-    @property
-    def key(self) -> str:
-        return input_key(self.file, self.line)
-
-    @property
-    def name(self) -> str:
-        return self.file.name if self.line is None else f"{self.file.name}:{self.line}"
-
-
-def input_items(files: Sequence[Path], pipeline: Pipeline) -> list[Item]:
-    """Each file as an item, or each of its non-blank lines for an `item_per_line`
-    pipeline (read as UTF-8)."""
-    if not pipeline.item_per_line:
-        return [Item(f) for f in files]
-    items: list[Item] = []
-    for f in files:
-        try:
-            lines = f.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"--input {f}: not a readable UTF-8 text file ({e})") from None
-        items.extend(Item(f, n, t.strip()) for n, t in enumerate(lines, 1) if t.strip())
-    return items
-
-
-def input_files(sources: Sequence[Path], pipeline: Pipeline) -> list[Path]:
-    """The files given, and those of the folders given that the pipeline reads; ConfigError
-    naming the folders and the kinds of file when there are none at all."""
-    files: list[Path] = []
-    for p in sources:
-        files.extend(pipeline.input_files(p) if p.is_dir() else [p])
-    if not files:
-        folders = ", ".join(str(p) for p in sources)
-        kinds = ", ".join(pipeline.suffixes)
-        raise ConfigError(f"{folders}: no input files (the recipe's pipeline reads {kinds})")
-    return files
-
-
 class FileReader(PipelineWrapper):
     """The recipe's pipeline over `(index, path)` items: each file is loaded when its item
     starts, so one that cannot be read fails alone; loaded items are kept for `save`."""
@@ -212,8 +155,7 @@ class FileReader(PipelineWrapper):
 
     def process(self, item: tuple[int, Item]) -> Process:
         index, source = item
-        inner = self.inner
-        loaded = inner.load(source.file) if source.line is None else inner.load_line(source.text)
+        loaded = load_item(self.inner, source)
         self.loaded[index] = loaded
         work = self.inner.process(loaded)
         if isinstance(work, Generator):

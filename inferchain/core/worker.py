@@ -63,7 +63,7 @@ class _Prepare:
     policy: ShapePolicy
     warm: bool
     done: threading.Event
-    device_state: bool = False  # try to keep the pool's state in the session's device slots
+    device_state: bool = False  # try to keep the pool's state in the session's device lanes
     probe: bool = False  # run the model at one or two batch sizes and check its real outputs
 
 
@@ -182,7 +182,7 @@ class ModelWorker:
     ) -> None:
         """Adopt the model's shape policy; allocate (and, with `warm`, run once at the max
         batch, timing it: `batch_s`) the buffers of every shape known now; with
-        `device_state`, ask the session to keep the pool's state in device slots
+        `device_state`, ask the session to keep the pool's state in device lanes
         (`state_on_device` says if it does); with `probe`, first run the model at one or two
         batch sizes and refuse it (`ConfigError`) where an output does not hold the rows on
         its batch axis (`probed` keeps what it returned). Blocks until the worker thread did
@@ -387,7 +387,7 @@ class ModelWorker:
                 flight.steps = (feed, state)
             elif self.at_once:
                 flight.feed = feed
-            else:  # `state`: steps whose state is in the session's device slots
+            else:  # `state`: steps whose state is in the session's device lanes
                 flight.starts.append(time.perf_counter())
                 session.launch(feed, view.rows_told(self._rows(run, i)), run.stream, state)
         except Exception as e:
@@ -529,7 +529,7 @@ class ModelWorker:
                         feed[i] = _laid_out(outputs[out], in_axes[i])
             session.launch(feed, view.rows_told(n), stream, state)
             outputs = view.outputs(session.collect(stream), n)
-            if k == 0 and state is not None:  # in the device slots now, for every row
+            if k == 0 and state is not None:  # in the device lanes now, for every row
                 state = state.stepped()
             if not stacked:
                 stacked = [np.empty((n, steps.count, *o.shape[1:]), o.dtype) for o in outputs]
@@ -578,7 +578,7 @@ class ModelWorker:
         self._release()
         try:
             self._init()
-            if self.state_on_device:  # empty slots: the sequences past their first step
+            if self.state_on_device:  # empty lanes: the sequences past their first step
                 assert self.pool is not None  # lost their state
                 self.pool.lose(self.index)
                 if not self._open_state():

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from inferchain.backends.factory import set_runtime_log_level
 from inferchain.closing import Closing
 from inferchain.config import Recipe, load_recipe
 from inferchain.driver import PipelineDriver
@@ -84,8 +85,8 @@ class RecipePredictor(Closing):
     gracefully at the end of the dataset, so `__del__` runs then. An actor that is killed or
     crashes runs nothing; its threads die with its process.
 
-    `log_level` (e.g. "warning") configures structlog in the actor's process, which is its
-    own application; None leaves logging as it is.
+    `log_level` (e.g. "warning") configures structlog and onnxruntime's own log in the
+    actor's process, which is its own application; None leaves logging as it is.
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class RecipePredictor(Closing):
     ) -> None:
         if log_level is not None:
             configure_output(log_level)
+            set_runtime_log_level(log_level)
         self.inputs = [inputs] if isinstance(inputs, str) else inputs
         self.passthrough = tuple(passthrough)
         self.max_in_flight = max_in_flight

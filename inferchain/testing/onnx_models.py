@@ -331,3 +331,82 @@ def write_time_major(
     out = Path(path)
     out.write_bytes(data)
     return out
+
+
+def write_detector(
+    path: str | Path, *, classes: int = 3, stride: int = 8, seed: int = 0, gain: float = 6.0
+) -> Path:
+    """A YOLO-style detector with a dynamic input size, for onboarding a detector end to end
+    (`docs/own-model.md`): each `stride` x `stride` cell of the image is one anchor.
+
+    Input ``images`` float32 [N, 3, H, W] (RGB in [0, 1]; H and W multiples of `stride`).
+    Output ``preds`` float32 [N, (H / stride) * (W / stride), 4 + classes], anchors in
+    row-major cell order: sigmoid of a 1x1 convolution (weights `gain` x N(0, 1)) of each
+    cell's mean colour; per anchor the box centre's offset in the cell (x, y), its width and
+    height in units of 8 strides, then one score per class. A class scores 0.05 on the
+    letterbox grey (114 / 255) and high only on colours far from it.
+    """
+    rng = np.random.default_rng(seed)
+    f32 = np.dtype(np.float32)
+    outputs = 4 + classes
+    weights = rng.standard_normal((outputs, 3)) * gain
+    bias = rng.standard_normal(outputs) * gain / 4
+    bias[4:] = -3.0 - weights[4:] @ np.full(3, 114 / 255)  # grey: logit -3
+    weights, bias = weights.reshape(outputs, 3, 1, 1).astype(f32), bias.astype(f32)
+    nodes = [
+        _node(
+            "AveragePool",
+            ["images"],
+            ["cells"],
+            _attr_ints("kernel_shape", [stride, stride]),
+            _attr_ints("strides", [stride, stride]),
+        ),
+        _node("Conv", ["cells", "W", "B"], ["logits"]),
+        _node("Sigmoid", ["logits"], ["maps"]),
+        _node("Reshape", ["maps", "flat"], ["anchors"]),
+        _node("Transpose", ["anchors"], ["preds"], _attr_ints("perm", [0, 2, 1])),
+    ]
+    initializers = [
+        _tensor("W", weights),
+        _tensor("B", bias),
+        _tensor("flat", np.array([0, outputs, -1], np.int64)),
+    ]
+    data = _model(
+        nodes,
+        initializers,
+        [_value_info("images", f32, ["N", 3, "H", "W"])],
+        [_value_info("preds", f32, ["N", "A", outputs])],
+        "detector",
+    )
+    out = Path(path)
+    out.write_bytes(data)
+    return out
+
+
+def write_classifier(
+    path: str | Path, *, size: int = 224, classes: int = 10, seed: int = 0
+) -> Path:
+    """An image classifier: ``x`` float32 [N, 3, size, size] -> ``logits`` float32
+    [N, classes], a linear layer over the image's mean colour (global average pool)."""
+    rng = np.random.default_rng(seed)
+    f32 = np.dtype(np.float32)
+    nodes = [
+        _node("GlobalAveragePool", ["x"], ["pooled"]),
+        _node("Flatten", ["pooled"], ["colour"]),
+        _node("MatMul", ["colour", "W"], ["scores"]),
+        _node("Add", ["scores", "b"], ["logits"]),
+    ]
+    weights = [
+        _tensor("W", (rng.standard_normal((3, classes)) * 4).astype(f32)),
+        _tensor("b", rng.standard_normal(classes).astype(f32)),
+    ]
+    data = _model(
+        nodes,
+        weights,
+        [_value_info("x", f32, ["N", 3, size, size])],
+        [_value_info("logits", f32, ["N", classes])],
+        "classifier",
+    )
+    out = Path(path)
+    out.write_bytes(data)
+    return out

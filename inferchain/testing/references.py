@@ -9,6 +9,11 @@ CI instead of slipping through. After an intended change, refresh and commit the
     python -m inferchain.testing.references --update              # every recipe with a file
     python -m inferchain.testing.references --update orientation  # one (or a new) recipe
     python -m inferchain.testing.references                       # check only, exit 1 on drift
+    python -m inferchain.testing.references --inputs orientation  # its `reference:` .npz
+
+`--inputs` writes the model inputs themselves (the pre-processed bundled inputs, stacked by
+input name) to the file the recipe's model names as `reference:`, the inputs a lower
+`precision:` is checked on at `init()`.
 
 A recipe qualifies when it has one model and its pipeline has `preprocess(item)`: each input
 file is loaded by the pipeline, pre-processed and mapped through the model (`oi.map`).
@@ -27,8 +32,9 @@ from typing import Any
 import attrs
 import numpy as np
 import structlog
+import yaml
 
-from inferchain.config import load_recipe
+from inferchain.config import load_recipe, recipe_file
 from inferchain.errors import ConfigError, InferchainError, InvalidInput
 from inferchain.offline import OfflineInference
 from inferchain.tools.compare import OutputDiff, diff_output
@@ -138,6 +144,39 @@ def compute(recipe_dir: Path, **overrides: Any) -> tuple[str, Outputs]:
     return model, outputs
 
 
+def reference_inputs(recipe_dir: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """(the file the recipe's one model names as `reference:`, which need not exist yet;
+    the model's inputs on the bundled inputs: each file loaded and pre-processed by the
+    pipeline, stacked by input name)."""
+    source = recipe_file(recipe_dir)
+    raw = yaml.safe_load(source.read_text(encoding="utf-8"))
+    entries = raw.get("models") or [{}]
+    target = entries[0].get("reference")
+    if len(entries) != 1 or not isinstance(target, str):
+        raise ConfigError(f"{source}: reference inputs need one model with `reference:`")
+    name = str(entries[0].get("name"))
+    recipe = load_recipe(source, models={name: {"reference": None, "warmup": False}})
+    if not recipe.inputs:
+        raise ConfigError(f"{source}: reference inputs need the recipe's `inputs:`")
+    with OfflineInference(recipe) as oi:
+        pipeline = oi.pipeline
+        files = pipeline.input_files(recipe.root / recipe.inputs)
+        preprocess = getattr(pipeline, "preprocess", None)
+        if not callable(preprocess):
+            raise ConfigError(f"{recipe.source}: the pipeline has no preprocess(item)")
+        items = [preprocess(pipeline.load(f)) for f in files]
+        names = [t.name for t in oi.model_info(name).inputs]
+    rows = [item if isinstance(item, dict) else {names[0]: item} for item in items]
+    return recipe.root / target, {n: np.stack([r[n] for r in rows]) for n in names}
+
+
+def write_inputs(name: str, recipes: Path = RECIPES) -> Path:
+    """Write recipe `name`'s reference inputs to its `reference:` file."""
+    path, arrays = reference_inputs(recipes / name)
+    np.savez_compressed(path, **arrays)  # type: ignore[arg-type]
+    return path
+
+
 def check(reference: Reference, actual: Mapping[str, Mapping[str, np.ndarray]]) -> Check:
     """Every output of every input file of `reference` against `actual`, by name."""
     diffs: list[tuple[str, OutputDiff]] = []
@@ -193,6 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("recipes", nargs="*", help="recipe names (default: every one with a file)")
     parser.add_argument("--update", action="store_true", help="rewrite the reference files")
+    parser.add_argument(
+        "--inputs", action="store_true", help="write the recipes' `reference:` input files"
+    )
     parser.add_argument("--recipes-dir", type=Path, default=RECIPES)
     parser.add_argument("--references-dir", type=Path, default=REFERENCES)
     args = parser.parse_args(argv)
@@ -209,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _one(name: str, args: argparse.Namespace) -> int:
+    if args.inputs:
+        print(f"{name}: wrote {write_inputs(name, args.recipes_dir)}")
+        return 0
     if args.update:
         print(f"{name}: wrote {update(name, args.recipes_dir, args.references_dir)}")
         return 0

@@ -1,15 +1,21 @@
 """Benchmarks without writing code: drive a recipe's models and report what `oi.stats()` keeps.
 
 Two sources of work:
-- synthetic (default): per model, random items made from `oi.model_info(name)` by
-  `inferchain.tools.feeds.random_array` (its values; a dynamic dim other than the batch dim
-  gets `DYNAMIC_DIM`, 32). Each model gets `requests` items, all models at once (one feeder
-  thread per model), at most twice the model's slots in flight. A stateful model gets
-  `requests` steps instead, in sequences of `STEPS_PER_SEQUENCE` (`drive_sequences`).
-- pipeline: the recipe's own inputs through its pipeline, `requests` items (the inputs
-  repeated as needed); the pipeline's own steps are timed as the `pre` and `post` stages.
+- synthetic (default): per model, random items in the shapes of the recipe's buckets, or of
+  the model with its dynamic dims set to `dynamic_dim` (`inferchain.tools.synthetic`, which
+  says which). Each model gets `requests` items, all models at once (one feeder thread per
+  model), fed at the rate the model drains them: at most `in_flight` requests at once,
+  by default two batches per worker stream (one running, one forming), so the latency is
+  the service's, not that of a queue of all requests. A stateful model gets `requests`
+  steps instead, in sequences of `STEPS_PER_SEQUENCE` (`drive_sequences`).
+- pipeline: the recipe's own inputs (or the files given, as `inferchain run` reads them)
+  through its pipeline, `requests` items (the inputs repeated as needed), at most the
+  pipeline's `max_in_flight` at once; the pipeline's own steps are timed as the `pre` and
+  `post` stages.
 
-The figures are the OfflineInference's since `init()`; `run_bench` uses a fresh one.
+Each request's latency is reported whole and split: waiting (queue, batch_wait and
+worker_wait: for admission, a batch and a worker) and service (execute). The figures are the
+OfflineInference's since `init()`; `run_bench` uses a fresh one.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,62 +34,27 @@ from inferchain.config import Recipe
 from inferchain.core.request import Request
 from inferchain.driver import PipelineDriver
 from inferchain.errors import ConfigError
-from inferchain.layout import Axis, Layout, item_shape
 from inferchain.metrics import Percentiles
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineWrapper, Process, Step
-from inferchain.tensors import ModelInfo, TensorDesc
+from inferchain.sources import input_files, input_items, load_item, sources_of
 from inferchain.tools.bench_report import BenchReport, Inputs, ItemStats, Source
-from inferchain.tools.feeds import DYNAMIC_DIM, random_array
+from inferchain.tools.feeds import DYNAMIC_DIM
+from inferchain.tools.synthetic import Items, model_pool
 
-POOL = 64  # distinct synthetic items per model, cycled through
 OnDone = Callable[[int], None]  # called with 0 when driving starts, then with how many more
 # requests (or items) finished
 
 
-# -- synthetic inputs ----------------------------------------------------------------------
-
-
-def synthetic_shape(
-    desc: TensorDesc, batching: bool, dynamic_dim: int = DYNAMIC_DIM, axis: Axis = 0
-) -> tuple[int, ...]:
-    """One item's shape: the model's, without the batch dim (on `axis`; None: unbatched,
-    all of it) when batching; dynamic dims filled (a non-batching model's dynamic leading
-    dim gets 1)."""
-    if batching:
-        dims = list(item_shape(desc.shape, axis))
-    else:
-        dims = list(desc.shape)
-        if dims and dims[0] is None:
-            dims[0] = 1
-    return tuple(dynamic_dim if d is None else d for d in dims)
-
-
-def synthetic_items(
-    info: ModelInfo,
-    count: int = POOL,
-    *,
-    dynamic_dim: int = DYNAMIC_DIM,
-    seed: int = 0,
-    layout: Layout | None = None,
-) -> list[tuple[np.ndarray, ...]]:
-    """`count` distinct random items for the model described by `info`, whose inputs hold
-    their rows where `layout` says (default: axis 0)."""
-    rng = np.random.default_rng(seed)
-    batching = info.max_batch_size > 0
-    axes = (layout or Layout.plain(len(info.inputs), 0)).inputs
-    shapes = [
-        synthetic_shape(t, batching, dynamic_dim, a) for t, a in zip(info.inputs, axes, strict=True)
-    ]
-    return [
-        tuple(
-            random_array(s, t.dtype, rng, t.name) for s, t in zip(shapes, info.inputs, strict=True)
-        )
-        for _ in range(count)
-    ]
-
-
 # -- drivers -------------------------------------------------------------------------------
+
+
+def paced(oi: OfflineInference, model: str) -> int:
+    """Requests of `model` in flight that keep its workers fed without queueing: two
+    batches per worker stream (one running, one forming), within the model's slots."""
+    config = oi.recipe.model(model)
+    streams = config.instances * (config.streams or 1)
+    return min(config.num_slots, 2 * streams * config.batch_rows)
 
 
 def drive(
@@ -91,10 +63,12 @@ def drive(
     items: Sequence[Any],
     requests: int,
     on_done: OnDone | None = None,
+    in_flight: int | None = None,
 ) -> None:
-    """Submit `requests` items to `model`, cycling through `items`, with at most twice the
-    model's slots in flight; returns when all are finished (failures are counted in stats)."""
-    window = 2 * oi.recipe.model(model).num_slots
+    """Submit `requests` items to `model`, cycling through `items`, with at most
+    `in_flight` in flight (default `paced`); returns when all are finished (failures are
+    counted in stats)."""
+    window = in_flight or paced(oi, model)
     chunk = max(1, window // 2)
     pending: deque[Request] = deque()
     sent = 0
@@ -228,15 +202,16 @@ def drive_pipeline(
     return timed
 
 
-def recipe_items(oi: OfflineInference) -> list[Any]:
-    """The recipe's `inputs:` files, loaded by its pipeline."""
-    recipe = oi.recipe
-    if not recipe.inputs:
-        raise ConfigError(f"{recipe.source}: the pipeline source needs `inputs:` in the recipe")
-    files = oi.pipeline.input_files(recipe.root / recipe.inputs)
-    if not files:
-        raise ConfigError(f"{recipe.source}: no input files in {recipe.root / recipe.inputs}")
-    return [oi.pipeline.load(f) for f in files]
+def recipe_items(oi: OfflineInference, paths: Sequence[Path] | None = None) -> list[Any]:
+    """The items of `paths` (files or folders, as `inferchain run` reads them), or of the
+    recipe's `inputs:`, loaded by its pipeline."""
+    recipe, pipeline = oi.recipe, oi.pipeline
+    if not paths and not recipe.inputs:
+        raise ConfigError(
+            f"{recipe.source}: the pipeline source needs `inputs:` in the recipe, or --input"
+        )
+    items = input_items(input_files(sources_of(recipe, paths), pipeline), pipeline)
+    return [load_item(pipeline, item) for item in items]
 
 
 # -- a whole run ---------------------------------------------------------------------------
@@ -244,23 +219,24 @@ def recipe_items(oi: OfflineInference) -> list[Any]:
 
 def drive_all(
     oi: OfflineInference,
-    pools: dict[str, list[tuple[np.ndarray, ...]]],
+    pools: dict[str, Items],
     requests: int,
     on_done: OnDone | None = None,
+    in_flight: int | None = None,
 ) -> None:
     """`drive` every model of `pools` at once, one feeder thread each."""
     with ThreadPoolExecutor(len(pools), thread_name_prefix="bench") as feeders:
         futures = [
-            feeders.submit(
-                drive_sequences if oi.recipe.model(m).state else drive, oi, m, p, requests, on_done
-            )
+            feeders.submit(drive_sequences, oi, m, p, requests, on_done)
+            if oi.recipe.model(m).state
+            else feeders.submit(drive, oi, m, p, requests, on_done, in_flight)
             for m, p in pools.items()
         ]
         for f in futures:
             f.result()
 
 
-def _shapes(oi: OfflineInference, pools: dict[str, list[tuple[np.ndarray, ...]]]) -> Inputs:
+def _shapes(oi: OfflineInference, pools: dict[str, Items]) -> Inputs:
     shapes: Inputs = {}
     for model, pool in pools.items():
         descs = oi.model_info(model).inputs
@@ -276,43 +252,36 @@ def bench(
     source: Source = "synthetic",
     on_done: OnDone | None = None,
     dynamic_dim: int = DYNAMIC_DIM,
+    inputs: Sequence[Path] | None = None,
+    in_flight: int | None = None,
 ) -> BenchReport:
     """Drive a running OfflineInference and report; `models` (synthetic only) picks models,
-    `dynamic_dim` is the size of synthetic inputs' dynamic dims."""
-    if requests < 1 or dynamic_dim < 1:
-        raise ConfigError(f"requests and dynamic_dim must be >= 1, got {requests}, {dynamic_dim}")
+    `dynamic_dim` is the size of synthetic inputs' dynamic dims where the recipe has no
+    buckets, `inputs` the files or folders of the pipeline source (default: the recipe's
+    `inputs:`), `in_flight` the synthetic requests in flight per model (default `paced`)."""
+    if requests < 1 or dynamic_dim < 1 or (in_flight is not None and in_flight < 1):
+        raise ConfigError(
+            f"requests, dynamic_dim and in_flight must be >= 1, got {requests}, {dynamic_dim}, "
+            f"{in_flight}"
+        )
+    if source != "pipeline" and inputs:
+        raise ConfigError("input files are for the pipeline source (bench --pipeline --input)")
     if models and source == "pipeline":
         raise ConfigError("models cannot be chosen for the pipeline source")
     names = list(models) if models else [m.name for m in oi.models]
     for name in names:
         oi.recipe.model(name)  # ConfigError naming the known models
-    items = recipe_items(oi) if source == "pipeline" else []
-    pools = (
-        {}
-        if items
-        else {
-            n: synthetic_items(
-                oi.model_info(n), dynamic_dim=dynamic_dim, layout=oi.shape_policy(n).layout
-            )
-            for n in names
-        }
-    )
+    items = recipe_items(oi, inputs) if source == "pipeline" else []
+    made = {} if items else {n: model_pool(oi, n, dynamic_dim) for n in names}
+    pools = {n: pool for n, (pool, _) in made.items()}
     if on_done is not None:
         on_done(0)
     started = time.perf_counter()
-    timed = None
-    if items:
-        timed = drive_pipeline(oi, items, requests, on_done)
-    else:
-        drive_all(oi, pools, requests, on_done)
+    timed = drive_pipeline(oi, items, requests, on_done) if items else None
+    if not items:
+        drive_all(oi, pools, requests, on_done, in_flight)
     oi.wait_all()
     wall_s = time.perf_counter() - started
-    item_stats = None
-    if timed is not None:
-        done = len(timed.latencies_s)
-        rate = done / wall_s if wall_s > 0 else 0.0
-        latency = Percentiles.of(np.asarray(timed.latencies_s))
-        item_stats = ItemStats(done, timed.errors, rate, latency)
     return BenchReport(
         recipe=oi.recipe.name,
         backend=oi.recipe.backend,
@@ -324,28 +293,32 @@ def bench(
         stats=oi.stats(),
         timeline=tuple(oi.metrics.timeline()),
         latencies_s=oi.metrics.samples("end_to_end"),
-        items=item_stats,
+        items=None if timed is None else _item_stats(timed, wall_s),
         host_steps=tuple(oi.metrics.host.snapshot()[3]),
+        shape_notes={n: note for n, (_, note) in made.items() if note},
+        in_flight={n: in_flight or paced(oi, n) for n in pools if not oi.recipe.model(n).state},
+        waiting_ms=Percentiles.of(_waiting(oi)),
+        service_ms=Percentiles.of(oi.metrics.samples("execute")),
     )
 
 
-def run_bench(
-    recipe: Recipe,
-    *,
-    models: Sequence[str] | None = None,
-    requests: int = 1000,
-    source: Source = "synthetic",
-    on_done: OnDone | None = None,
-    dynamic_dim: int = DYNAMIC_DIM,
-    acl_module: object | None = None,
-) -> BenchReport:
-    """`bench` on a fresh OfflineInference of `recipe`, closed afterwards."""
+WAITING = ("queue", "batch_wait", "worker_wait")  # a request's stages before its batch runs
+
+
+def _waiting(oi: OfflineInference) -> np.ndarray:
+    """Seconds each request waited before its batch ran (the `WAITING` stages summed)."""
+    queue, batch, worker = (oi.metrics.samples(stage) for stage in WAITING)
+    waited: np.ndarray = queue + batch + worker
+    return waited
+
+
+def _item_stats(timed: TimedPipeline, wall_s: float) -> ItemStats:
+    done = len(timed.latencies_s)
+    rate = done / wall_s if wall_s > 0 else 0.0
+    return ItemStats(done, timed.errors, rate, Percentiles.of(np.asarray(timed.latencies_s)))
+
+
+def run_bench(recipe: Recipe, *, acl_module: object | None = None, **options: Any) -> BenchReport:
+    """`bench(oi, **options)` on a fresh OfflineInference of `recipe`, closed afterwards."""
     with OfflineInference(recipe, acl_module=acl_module) as oi:
-        return bench(
-            oi,
-            models=models,
-            requests=requests,
-            source=source,
-            on_done=on_done,
-            dynamic_dim=dynamic_dim,
-        )
+        return bench(oi, **options)

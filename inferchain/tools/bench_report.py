@@ -47,6 +47,14 @@ class BenchReport:
     latencies_s: np.ndarray  # end to end per request (seconds), for plots
     items: ItemStats | None = None  # the pipeline source only
     host_steps: tuple[HostStep, ...] = ()  # the pipeline's host steps, for traces
+    # per model, how its synthetic items' shapes were chosen, where that matters (buckets,
+    # or dynamic dims filled with `dynamic_dim`)
+    shape_notes: dict[str, str] = attrs.field(factory=dict)
+    in_flight: dict[str, int] = attrs.field(factory=dict)  # synthetic requests in flight, max
+    # per request: waiting for admission, a batch and a worker (queue + batch_wait +
+    # worker_wait), and service (execute); ms
+    waiting_ms: Percentiles = attrs.field(factory=lambda: Percentiles.of(np.empty(0)))
+    service_ms: Percentiles = attrs.field(factory=lambda: Percentiles.of(np.empty(0)))
 
     def to_dict(self) -> dict[str, object]:
         """`Stats.to_dict()` (model requests), a `pipeline` section with the pipeline source
@@ -62,6 +70,10 @@ class BenchReport:
                 "requested": self.requested,
                 "wall_s": self.wall_s,
                 "inputs": self.inputs,
+                "shape_notes": self.shape_notes,
+                "in_flight": self.in_flight,
+                "waiting_ms": self.waiting_ms.to_dict(),
+                "service_ms": self.service_ms.to_dict(),
                 "workers": list(self.workers),
             },
         }
@@ -106,7 +118,7 @@ def utilisation_table(u: Utilisation, models: Sequence[str]) -> list[str]:
     """Each worker's busy / starved / idle share of the run and its batches, the host pool,
     the models' padding, and what bounds the run."""
     rows = [
-        [w.worker, f"{w.busy:.0%}", f"{w.starved:.0%}", f"{1 - w.busy - w.starved:.0%}",
+        [w.worker, f"{w.busy:.0%}", f"{w.starved:.0%}", f"{max(0.0, 1 - w.busy - w.starved):.0%}",
          w.batches, w.mean_batch]
         for w in u.workers
     ]  # fmt: skip
@@ -141,9 +153,19 @@ def format_report(report: BenchReport) -> str:
         f"model requests: {s.requests} (all models), {s.throughput:.1f} requests/s; "
         f"latency per request (ms) {_percentiles(s.latency_ms)}"
     )
+    lines.append(
+        f"  of it waiting (queue + batch_wait + worker_wait) {_percentiles(report.waiting_ms)}"
+    )
+    lines.append(
+        f"  and service (execute)                           {_percentiles(report.service_ms)}"
+    )
     for model, shapes in report.inputs.items():
         described = ", ".join(f"{k}{v}" for k, v in shapes.items())
-        lines.append(f"synthetic inputs of {model}: {described}")
+        fed = report.in_flight.get(model)
+        rate = f"; at most {fed} in flight (--in-flight)" if fed else ""
+        lines.append(f"synthetic inputs of {model}: {described}{rate}")
+        if model in report.shape_notes:
+            lines.append(f"  ({report.shape_notes[model]})")
     headers = ["model", "done", "errors", "batches", "mean batch", "items/s", "batch sizes"]
     lines += ["", render(headers, [_model_row(m) for m in s.models.values()])]
     sequences = [m for m in s.models.values() if m.sequences is not None]

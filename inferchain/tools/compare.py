@@ -21,38 +21,22 @@ import numpy as np
 
 from inferchain.backends.base import Backend
 from inferchain.backends.factory import make_backend
-from inferchain.config import PKG, Recipe, load_recipe, package_file
+from inferchain.config import PKG, Recipe, ToleranceConfig, load_recipe, package_file
 from inferchain.errors import ConfigError, InvalidInput
+from inferchain.precision import OutputDiff, cosine, diff_output
 from inferchain.tensors import TensorDesc
 from inferchain.tools.feeds import by_name, fit_inputs, load_inputs, random_inputs
 from inferchain.tools.table import render
 
 DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-5
-BACKENDS = ("onnxruntime", "acl")
+BACKENDS = ("onnxruntime", "openvino", "acl")
 _SUFFIX_BACKENDS = {".om": "acl"}  # anything else: onnxruntime
 _RECIPE_SUFFIXES = (".yaml", ".yml")
 
 Inputs = str | Path | Mapping[str, np.ndarray] | None
 
-
-@attrs.frozen
-class OutputDiff:
-    """How output `index` of model B differs from the same output of model A."""
-
-    index: int  # position in the models' output lists
-    name_a: str
-    name_b: str
-    shape: tuple[int, ...]
-    max_abs: float  # max |B - A|; inf when a NaN/inf is in one output only
-    max_rel: float  # max |B - A| / |A| over elements where A != 0; inf as max_abs
-    cosine: float  # cosine similarity of the flattened outputs; 1.0 = same direction
-    mismatched: int  # elements beyond tolerance (NaN against NaN counts as equal)
-    size: int  # elements in the output
-
-    @property
-    def passed(self) -> bool:
-        return self.mismatched == 0
+__all__ = ["BACKENDS", "CompareReport", "OutputDiff", "compare_models", "cosine", "diff_output"]
 
 
 @attrs.frozen
@@ -68,17 +52,22 @@ class CompareReport:
     rtol: float
     atol: float
     outputs: tuple[OutputDiff, ...]
+    # the measures checked, where more than rtol/atol (`inferchain compare --precision`)
+    tolerance: ToleranceConfig | None = None
 
     @property
     def passed(self) -> bool:
-        """True when every element of every output is within tolerance."""
+        """True when every output is within tolerance (every measure given holds)."""
         return all(d.passed for d in self.outputs)
 
     def format(self) -> str:
         """The report as printed by `inferchain compare`: a header, a table, a verdict."""
         feed = ", ".join(t.describe() for t in self.inputs)
-        rows = [_row(d) for d in self.outputs]
+        top_k = self.tolerance.top_k if self.tolerance is not None else None
+        rows = [_row(d, top_k is not None) for d in self.outputs]
         headers = ["#", "output A", "output B", "shape", "max abs", "max rel", "cosine"]
+        if top_k is not None:
+            headers.append(f"top-{top_k} agree")
         failed = sum(not d.passed for d in self.outputs)
         verdict = (
             f"PASS: all {len(self.outputs)} outputs within tolerance"
@@ -90,16 +79,29 @@ class CompareReport:
                 f"A: {self.model_a} ({self.backend_a})",
                 f"B: {self.model_b} ({self.backend_b})",
                 f"inputs: {feed} ({self.source})",
-                f"tolerance: |B - A| <= atol + rtol * |A|, rtol {self.rtol:g}, atol {self.atol:g}",
+                f"tolerance: {self._measures()}",
                 "",
                 render([*headers, "beyond tol", "result"], rows),
                 verdict,
             ]
         )
 
+    def _measures(self) -> str:
+        elementwise = f"|B - A| <= atol + rtol * |A|, rtol {self.rtol:g}, atol {self.atol:g}"
+        t = self.tolerance
+        if t is None:
+            return elementwise
+        parts = [elementwise] if t.elementwise else []
+        if t.cosine is not None:
+            parts.append(f"cosine >= {t.cosine:g}")
+        if t.top_k is not None:
+            parts.append(f"top-{t.top_k} classes the same on >= {t.agreement:.0%} of rows")
+        return "; ".join(parts) or "none (every output passes)"
 
-def _row(d: OutputDiff) -> list[object]:
+
+def _row(d: OutputDiff, top_k: bool = False) -> list[object]:
     shape = "[" + ", ".join(map(str, d.shape)) + "]"
+    agree = ["-" if d.agreement is None else f"{d.agreement:.1%}"] if top_k else []
     return [
         d.index,
         d.name_a,
@@ -108,7 +110,8 @@ def _row(d: OutputDiff) -> list[object]:
         f"{d.max_abs:.2e}",
         f"{d.max_rel:.2e}",
         f"{d.cosine:.6f}",
-        f"{d.mismatched}/{d.size}",
+        *agree,
+        f"{d.mismatched}/{d.size}" if d.tolerance.elementwise else "-",
         "ok" if d.passed else "FAIL",
     ]
 
@@ -272,58 +275,3 @@ def _first_feed(
     else:
         arrays = by_name(inputs, descs)
     return fit_inputs(descs, arrays, "A")
-
-
-# -- metrics -------------------------------------------------------------------------------
-
-
-def diff_output(
-    index: int,
-    name_a: str,
-    name_b: str,
-    a: np.ndarray,
-    b: np.ndarray,
-    *,
-    rtol: float,
-    atol: float,
-) -> OutputDiff:
-    """Compare one output of B against the same output of A (the reference)."""
-    if a.shape != b.shape:
-        raise InvalidInput(
-            f"output {index} ({name_a} / {name_b}): shape {a.shape} in A, {b.shape} in B"
-        )
-    for which, arr in (("A", a), ("B", b)):
-        if arr.dtype.kind not in "biuf":
-            raise InvalidInput(f"output {index} of {which} has dtype {arr.dtype}: not numeric")
-    x, y = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    close = np.isclose(y, x, rtol=rtol, atol=atol, equal_nan=True)
-    finite = np.isfinite(x) & np.isfinite(y)
-    xf, err = x[finite], np.abs(y[finite] - x[finite])
-    nonzero = xf != 0
-    if np.any(~finite & ~close):
-        max_abs = max_rel = float("inf")
-    else:
-        max_abs = float(err.max()) if err.size else 0.0
-        max_rel = float((err[nonzero] / np.abs(xf[nonzero])).max()) if nonzero.any() else 0.0
-    return OutputDiff(
-        index,
-        name_a,
-        name_b,
-        tuple(a.shape),
-        max_abs,
-        max_rel,
-        cosine(xf, y[finite]),
-        int(np.count_nonzero(~close)),
-        int(a.size),
-    )
-
-
-def cosine(x: np.ndarray, y: np.ndarray) -> float:
-    """Cosine similarity of two flat arrays: exactly 1.0 when they are equal (both zero
-    included), 0.0 when one of them is zero."""
-    if np.array_equal(x, y):
-        return 1.0
-    nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
-    if nx == 0.0 or ny == 0.0:
-        return 0.0
-    return float(np.clip(np.dot(x, y) / (nx * ny), -1.0, 1.0))

@@ -1,9 +1,12 @@
 """The environment check: runtimes, providers, CANN, driver, firmware and NPUs.
 
-`diagnose(recipe)` returns one `Check` per item, OK / WARN / MISSING / FAIL. MISSING is
-information (an Ascend toolkit is not needed on a CPU machine); FAIL means the given recipe
-cannot run here, and `exit_status` turns that into a non-zero exit. The probes are module
-attributes so tests can replace them.
+`diagnose(recipe)` returns one `Check` per item, OK / WARN / MISSING / not used / FAIL, for
+what the recipe needs (without a recipe: the backends installed here). The Ascend parts
+(pyACL, the CANN toolkit, driver, firmware, npu-smi) are checked one by one where the recipe
+runs on Ascend (backend `acl`, or the `CANNExecutionProvider`) or pyACL is installed; those
+not found are then MISSING. Elsewhere the parts not found are one line, "not used". FAIL
+means the given recipe cannot run here, and `exit_status` turns that into a non-zero exit.
+The probes are module attributes so tests can replace them.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from inferchain.backends.openvino_options import CAPABILITIES, properties
 from inferchain.backends.probe import (
     RuntimeProbe,
     probe_acl,
     probe_onnxruntime,
+    probe_openvino,
     unknown_provider,
 )
 from inferchain.config import Recipe, load_recipe, recipe_file
@@ -34,6 +39,7 @@ from inferchain.tools.table import render
 ASCEND = Path("/usr/local/Ascend")  # CANN's default install root
 NPU_SMI = "npu-smi"
 NPU_SMI_TIMEOUT_S = 10.0
+CANN_EP = "CANNExecutionProvider"  # onnxruntime's provider for Ascend NPUs
 _VERSION = re.compile(r"^\s*(?:\w+_)?version\s*[=:]\s*\[?([^\]\s:]+)", re.IGNORECASE | re.MULTILINE)
 
 
@@ -42,7 +48,8 @@ class Status(enum.StrEnum):
 
     OK = "OK"
     WARN = "WARN"  # works, but not as asked (e.g. a provider falls back to CPU)
-    MISSING = "MISSING"  # not on this machine; only a problem if a recipe needs it
+    MISSING = "MISSING"  # not on this machine, and what is checked needs it
+    NOT_USED = "not used"  # not on this machine, and nothing checked needs it
     FAIL = "FAIL"  # the recipe given cannot run here
 
 
@@ -117,8 +124,8 @@ def npu_smi_check() -> Check:
     return Check("npu-smi", Status.OK, f"{detail} ({tool})", done.stdout)
 
 
-def runtime_checks(ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
-    """Python, numpy, onnxruntime and its providers, pyACL."""
+def runtime_checks(ort: RuntimeProbe) -> list[Check]:
+    """Python, numpy, onnxruntime and its providers."""
     checks = [
         Check("python", Status.OK, f"{platform.python_version()} ({platform.machine()})"),
         Check("numpy", Status.OK, np.__version__),
@@ -128,8 +135,50 @@ def runtime_checks(ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
         checks.append(Check("providers", Status.OK, ", ".join(ort.providers)))
     else:
         checks.append(Check("onnxruntime", Status.MISSING, ort.detail))
-    checks.append(Check("pyACL", Status.OK if acl.available else Status.MISSING, acl.detail))
     return checks
+
+
+def openvino_check(ov: RuntimeProbe) -> Check:
+    """OpenVINO's version and what its CPU plugin can run here (bf16 needs AMX/AVX512_BF16)."""
+    if not ov.available:
+        return Check(
+            "openvino", Status.MISSING, f"{ov.detail} (pip install 'inferchain[openvino]')"
+        )
+    return Check("openvino", Status.OK, f"{ov.version}; {ov.detail}")
+
+
+def ascend_user(recipe: Recipe | None, acl: RuntimeProbe) -> str | None:
+    """What here needs the Ascend parts: the recipe (backend acl, or onnxruntime's CANN
+    provider), or without a recipe an installed pyACL; None when nothing does."""
+    if recipe is None:
+        return "the installed pyACL" if acl.available else None
+    if recipe.backend == "acl":
+        return f"recipe {recipe.name} (backend acl)"
+    names = [p if isinstance(p, str) else next(iter(p), "") for p in recipe.providers]
+    return f"recipe {recipe.name} (CANNExecutionProvider)" if CANN_EP in names else None
+
+
+def ascend_checks(acl: RuntimeProbe, user: str | None) -> list[Check]:
+    """pyACL, the CANN toolkit, driver, firmware and npu-smi, each as found; with no `user`
+    (nothing here needs them) the ones not found are one "not used" line."""
+    checks = [
+        Check("pyACL", Status.OK if acl.available else Status.MISSING, acl.detail),
+        cann_check(),
+        version_file_check("Ascend driver", ASCEND / "driver" / "version.info"),
+        version_file_check("Ascend firmware", ASCEND / "firmware" / "version.info"),
+        npu_smi_check(),
+    ]
+    if user is not None:
+        return checks
+    found = [c for c in checks if c.status is not Status.MISSING]
+    absent = [c.name for c in checks if c.status is Status.MISSING]
+    if absent:
+        detail = (
+            f"{', '.join(absent)}: not on this machine; nothing here needs them (a recipe with "
+            f"backend: acl or the {CANN_EP} does)"
+        )
+        found.append(Check("Ascend", Status.NOT_USED, detail))
+    return found
 
 
 def recipe_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
@@ -153,6 +202,8 @@ def pipeline_checks(recipe: Recipe) -> list[Check]:
 
 def _backend_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> list[Check]:
     name = f"recipe {recipe.name}"
+    if recipe.backend == "openvino":
+        return openvino_recipe_checks(recipe, probe_openvino())
     if recipe.backend == "acl":
         if not acl.available:
             return [Check(name, Status.FAIL, "backend acl needs pyACL, which does not import")]
@@ -160,6 +211,10 @@ def _backend_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> lis
     if not ort.available:
         return [Check(name, Status.FAIL, "backend onnxruntime needs onnxruntime")]
     checks = [Check(name, Status.OK, "backend onnxruntime")]
+    for m in recipe.models:
+        if m.precision != "f32":
+            detail = f"precision {m.precision}: onnxruntime runs the file's own types (openvino?)"
+            checks.append(Check(f"  {m.name}", Status.FAIL, detail))
     for entry in recipe.providers:
         provider = entry if isinstance(entry, str) else next(iter(entry), "?")
         wrong = unknown_provider(provider, ort.known_providers)
@@ -173,8 +228,33 @@ def _backend_checks(recipe: Recipe, ort: RuntimeProbe, acl: RuntimeProbe) -> lis
     return checks
 
 
+def openvino_recipe_checks(recipe: Recipe, ov: RuntimeProbe) -> list[Check]:
+    """Whether OpenVINO is here, the properties each model gets from the recipe's session
+    options (threads, streams, precision) or the key it refuses, and whether this CPU runs
+    each model's precision."""
+    name = f"recipe {recipe.name}"
+    if not ov.available:
+        return [Check(name, Status.FAIL, "backend openvino needs openvino, which does not import")]
+    checks = [Check(name, Status.OK, "backend openvino")]
+    for m in recipe.models:
+        try:
+            props = properties(m.session_options or recipe.session_options, m.precision, "")
+        except ConfigError as e:
+            checks.append(Check(f"  {m.name}", Status.FAIL, str(e)))
+            continue
+        threads = props.get("INFERENCE_NUM_THREADS", "default")
+        detail = f"threads {threads}, streams {props['NUM_STREAMS']}, precision {m.precision}"
+        if CAPABILITIES[m.precision] not in ov.capabilities:
+            detail += f": this CPU cannot run {m.precision} (it can: {', '.join(ov.capabilities)})"
+            checks.append(Check(f"  {m.name}", Status.FAIL, detail))
+        else:
+            checks.append(Check(f"  {m.name}", Status.OK, detail))
+    return checks
+
+
 def diagnose(recipe: Recipe | str | Path | None = None) -> list[Check]:
-    """Every check; with `recipe`, also whether it can run here.
+    """The checks of what `recipe` needs (without one: of the backends installed here),
+    and whether it can run here.
 
     `recipe` may be a path: a recipe that does not load here (a package of its models not
     installed, a wrong key) is then a FAIL line of its own; a path that is no recipe at all
@@ -185,13 +265,10 @@ def diagnose(recipe: Recipe | str | Path | None = None) -> list[Check]:
         if failed is not None:
             return [*diagnose(None), failed]
     ort, acl = probe_onnxruntime(), probe_acl()
-    checks = runtime_checks(ort, acl)
-    checks += [
-        cann_check(),
-        version_file_check("Ascend driver", ASCEND / "driver" / "version.info"),
-        version_file_check("Ascend firmware", ASCEND / "firmware" / "version.info"),
-        npu_smi_check(),
-    ]
+    checks = runtime_checks(ort) + ascend_checks(acl, ascend_user(recipe, acl))
+    ov = probe_openvino()
+    if ov.available or (recipe is not None and recipe.backend == "openvino"):
+        checks.append(openvino_check(ov))
     if recipe is not None:
         checks += recipe_checks(recipe, ort, acl)
     return checks

@@ -32,6 +32,7 @@ class ModelReport:
     memory: MemoryPlan
     probed: OutputProbe | None = None  # the outputs' real shapes (None: not probed)
     problems: tuple[str, ...] = ()  # what init() would refuse or warn of in them
+    settings: tuple[tuple[str, str], ...] = ()  # how the runtime runs it (threads, streams, ...)
 
 
 def recipe_for(target: str | Path) -> Recipe:
@@ -80,9 +81,10 @@ def describe_recipe(recipe: Recipe, *, acl_module: object | None = None) -> list
                     problems = verdict.errors + verdict.warnings
                 if rows < model.batch_rows:  # what init() refuses before it probes
                     problems = (_fixed_batch(model.name, model.max_batch_size, rows), *problems)
+                settings = tuple(session.settings.items())
             finally:
                 session.close()
-            reports.append(ModelReport(info, model.path, memory, probed, problems))
+            reports.append(ModelReport(info, model.path, memory, probed, problems, settings))
     finally:
         backend.close()
     return reports
@@ -145,10 +147,11 @@ def format_reports(reports: Sequence[ModelReport]) -> str:
     lines.extend(["", format_memory(reports), ""])
     for r in reports:
         keys = ", ".join(sorted(r.info.metadata)) or "none"
-        lines.append(f"{r.info.name}: {r.path} (metadata: {keys})")
+        runs = "; runs with " + ", ".join(f"{k} {v}" for k, v in r.settings) if r.settings else ""
+        lines.append(f"{r.info.name}: {r.path} (metadata: {keys}{runs})")
     lines.append("MB = MiB; buffers = input + output bytes for the max batch, one stream of one")
     lines.append("instance, which is also what each extra stream costs (+dyn: dims known only at")
     lines.append("run time are not counted); static = (file + buffers x streams) x instances,")
-    lines.append("plus a stateful model's state slots, which init() refuses when it exceeds")
+    lines.append("plus a stateful model's state lanes, which init() refuses when it exceeds")
     lines.append("memory_budget_mb")
     return "\n".join(lines)

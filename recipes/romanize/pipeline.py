@@ -3,7 +3,7 @@
 `RomanizePipeline` runs the beam search of all live units at once (`BeamSteps`: one call per
 decoder step batch, `beam.advance` over all its units); `StepwisePipeline` is the same recipe
 as a generator per unit (`oi.sequence(rows=k)`, `beam.beam_steps`). Both give the package's
-hypotheses. The state (`hidden`, one row per beam) stays in the decoder's sequence slots and
+hypotheses. The state (`hidden`, one row per beam) stays in the decoder's sequence lanes and
 is reordered with the beams there; the encoder outputs `memory` / `src_mask` are fed at every
 step, and the recipe declares them `constant:` (where the decoder keeps its state on the
 device, acl with one instance, each unit's `memory` is copied there once).

@@ -1,6 +1,6 @@
 """VAD recipe: each file's 512-sample chunks are steps of one sequence of the `vad` model.
 
-The state stays in the model's sequence slots (docs/sequences.md). `VadPipeline` runs the
+The state stays in the model's sequence lanes (docs/sequences.md). `VadPipeline` runs the
 host logic of all live files at once (`VadSteps`, one call per step batch); `StepwisePipeline`
 is the same recipe written as a generator per file (`oi.sequence`), one step at a time. Both
 give the package's segments; the numpy logic (`vad.py`) is the one the ideal loop uses too.
@@ -100,7 +100,7 @@ class VadPipeline(Pipeline):
     The result is a `Segments` list of `{"start", "end"}` in the item's own samples (for a
     16 kHz item, exactly the package's); its record adds seconds and the sampling rate. The
     steps of many files batch together; a file's sequence ends with its last chunk and frees
-    its state slot for the next file.
+    its state lane for the next file.
     """
 
     suffixes = (".wav", ".flac", ".ogg")

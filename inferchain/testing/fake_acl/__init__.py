@@ -55,7 +55,7 @@ absent (None is a TypeError).
 Rules the card enforces too (code returned), each from the CANN sources (file and function
 in the module that models it):
 - only the calls that reach GE's model executor need `init` (load, get_desc, execute, unload:
-  145001, `_core.NEEDS_INIT`); `rt.get_run_mode` and the other rt calls answer before it;
+  145001, `_calls.NEEDS_INIT`); `rt.get_run_mode` and the other rt calls answer before it;
   `init` twice: 100002; `finalize` twice: 100037; `finalize` before any `init`: 0.
 - a thread without a current context (never set_device / create_context / set_context):
   107002 on calls that need one (malloc, memcpy, streams, events, load, execute, unload ...);
@@ -126,23 +126,19 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
-from inferchain.testing.fake_acl._core import (
+from inferchain.testing.fake_acl._calls import (
     INVALID_PARAM,
     INVALID_RESOURCE_HANDLE,
     REPEAT_FINALIZE,
     REPEAT_INITIALIZE,
-    DataBuffer,
     Fail,
-    Injection,
-    Namespace,
-    Slice,
-    State,
     api,
     as_int,
     lookup,
     null,
 )
-from inferchain.testing.fake_acl._mdl import Execution, FakeMdl
+from inferchain.testing.fake_acl._core import DataBuffer, Injection, Namespace, Slice, State
+from inferchain.testing.fake_acl._mdl import FakeMdl
 from inferchain.testing.fake_acl._memory import DeviceMemory, HostMemory, is_device_pointer
 from inferchain.testing.fake_acl._model import (
     OM_MAGIC,
@@ -150,8 +146,9 @@ from inferchain.testing.fake_acl._model import (
     CompileOptions,
     compile_model,
 )
+from inferchain.testing.fake_acl._objects import Execution, Stream
 from inferchain.testing.fake_acl._report import ThreadUtil
-from inferchain.testing.fake_acl._rt import FakeRt, Stream
+from inferchain.testing.fake_acl._rt import FakeRt
 from inferchain.testing.gates import Gates
 
 if TYPE_CHECKING:

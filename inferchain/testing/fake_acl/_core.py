@@ -1,127 +1,46 @@
-"""FakeAcl's shared core: error codes, the call wrapper, the ledger and fault injection.
+"""FakeAcl's ledger: the one `State` a fake "process" holds, shared by every namespace.
 
-Every public fake call goes through `api()`: it counts the call, refuses the calls that need
-`init` (those that reach GE's model executor, `NEEDS_INIT`) and those a callback must not make,
-fires injected faults, and turns an internal `Fail` into the call's documented return shape
-(a bare code, `(0, code)`, `({}, code)`, a NULL value ...), as pyACL reports errors.
+`State` keeps the live handles (contexts, streams, events, models, descs, datasets, data
+buffers, memory), the counters and errors, the injected faults, and the device time model;
+`Namespace` is the base of the attribute tree (`acl`, `acl.rt`, `acl.mdl`, `acl.util`) that
+shares it. The objects it holds are in `_objects`, the codes and the call wrapper in `_calls`.
 """
 
 from __future__ import annotations
 
-import functools
+import ctypes
 import itertools
-import operator
 import random
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import attrs
 
-from inferchain.testing.fake_acl._args import parse
-from inferchain.testing.fake_acl._order import Clock
+from inferchain.testing.fake_acl._calls import (
+    RT_CONTEXT_NULL,
+    RT_PARAM_INVALID,
+    RT_STREAM_CONTEXT,
+    Fail,
+    Ledger,
+)
+from inferchain.testing.fake_acl._order import Clock, merge
 from inferchain.testing.gates import Gates
 
 if TYPE_CHECKING:
-    from inferchain.testing.fake_acl._mdl import Dataset, Desc, Execution, LoadedModel
     from inferchain.testing.fake_acl._memory import DeviceMemory, HostMemory
-    from inferchain.testing.fake_acl._report import Reports
-    from inferchain.testing.fake_acl._rt import Context, Event, Landing, Stream
-
-SUCCESS = 0
-INVALID_PARAM = 100000
-UNINITIALIZE = 100001
-REPEAT_INITIALIZE = 100002
-INVALID_FILE = 100003
-INVALID_MODEL_ID = 100011
-MODEL_INPUT_NOT_MATCH = 100017
-MODEL_OUTPUT_NOT_MATCH = 100018
-MODEL_NOT_DYNAMIC = 100019
-REPEAT_FINALIZE = 100037
-INVALID_RESOURCE_HANDLE = 200005
-RT_PARAM_INVALID = 107000
-RT_INVALID_DEVICEID = 107001
-RT_CONTEXT_NULL = 107002
-RT_STREAM_CONTEXT = 107003
-RT_MODEL_CONTEXT = 107004
-RT_EVENT_TIMESTAMP_INVALID = 107006
-RT_ADDR_UNALIGNED = 107008
-RT_MEMORY_ALLOCATION = 207001
-RT_STREAM_SUBSCRIBE = 107011
-RT_THREAD_SUBSCRIBE = 107012
-RT_STREAM_NO_CB_REG = 107015
-RT_REPORT_TIMEOUT = 507012
-GE_PARAM_INVALID = 145000
-GE_EXEC_NOT_INIT = 145001
-GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
-GE_SHAPE_INVALID = 145021
-INTERNAL_ERROR = 500000
-
-# Which calls need `acl.init()`. In hicann/runtime's acl (src/acl/aclrt_impl/acl.cpp,
-# device.cpp) only the dump calls check the init flag (`GetAclInitFlag`, toolchain/dump.cpp);
-# `aclrtGetRunModeImpl` asks `rtGetRunMode` directly, and the rt calls go straight to the
-# runtime. The model calls reach GE's `GeExecutor` (graphengine ge/executor/ge_executor.cc),
-# whose LoadModelFromData / LoadDataFromFile / ExecModel / UnloadModel / GetModelDescInfo
-# return ACL_ERROR_GE_EXEC_NOT_INIT (145001) while `isInit_` is false (aclInit initialises
-# it, aclFinalize finalizes it). Everything else answers before init too.
-NEEDS_INIT = frozenset(
-    {
-        "mdl.load_from_file",
-        "mdl.load_from_mem",
-        "mdl.get_desc",
-        "mdl.execute",
-        "mdl.execute_async",
-        "mdl.unload",
-    }
-)
-# What a callback must not call (it runs on the report thread, inside process_report):
-# it would deadlock or reorder the stream it is an order point of. Stricter than the card.
-NOT_IN_CALLBACK = frozenset(
-    {
-        "rt.malloc",
-        "rt.free",
-        "rt.malloc_host",
-        "rt.free_host",
-        "rt.synchronize_stream",
-        "rt.synchronize_event",
-        "rt.launch_callback",
-        "rt.memcpy_async",
-        "mdl.execute_async",
-        "mdl.execute",
-    }
-)
-
-
-class Fail(Exception):
-    """Internal: a fake call fails with `code`; `api()` turns it into the return value."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-T = TypeVar("T")
-
-
-def as_int(value: object, what: str) -> int:
-    """`value` as an int, or TypeError (pyACL's argument parsing rejects non-integers)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, got bool")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{what} must be an int, got {type(value).__name__}") from None
-
-
-def lookup(table: Mapping[int, T], value: object, what: str, code: int) -> T:
-    """The live object behind handle `value`, or `Fail(code)` naming an unknown `what`."""
-    handle = as_int(value, what.replace(" ", "_"))
-    found = table.get(handle)
-    if found is None:
-        raise Fail(code, f"unknown {what} {handle:#x}")
-    return found
+    from inferchain.testing.fake_acl._objects import (
+        Context,
+        Dataset,
+        Desc,
+        Event,
+        Execution,
+        Landing,
+        LoadedModel,
+        Reports,
+        Stream,
+    )
 
 
 @attrs.define
@@ -292,39 +211,6 @@ class State:
                     raise Fail(inj.code, f"injected failure (call #{inj.seen} since inject)")
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-Failure = Callable[[int, tuple[Any, ...]], Any]  # (code, call args) -> what the call returns
-
-
-def ret(code: int, args: tuple[Any, ...]) -> int:
-    return code
-
-
-def pair(code: int, args: tuple[Any, ...]) -> tuple[int, int]:
-    return 0, code
-
-
-def dict_pair(code: int, args: tuple[Any, ...]) -> tuple[dict[str, Any], int]:
-    return {}, code
-
-
-def null(code: int, args: tuple[Any, ...]) -> int:
-    return 0
-
-
-def undefined_type(code: int, args: tuple[Any, ...]) -> int:
-    return -1  # ACL_DT_UNDEFINED
-
-
-def empty_name(code: int, args: tuple[Any, ...]) -> str:
-    return ""
-
-
-def same_first(code: int, args: tuple[Any, ...]) -> tuple[Any, int]:
-    return (args[0] if args else 0), code
-
-
 class Namespace:
     """Base of the fake's attribute tree (`acl`, `acl.rt`, `acl.mdl`): they share one State."""
 
@@ -332,35 +218,23 @@ class Namespace:
         self._state = state
 
 
-def api(name: str, fmt: str, failure: Failure = ret) -> Callable[[F], F]:
-    """Wrap a fake call: parse its arguments as pyACL's format `fmt` does (TypeError, before
-    anything else), count it, check init, fire faults, map `Fail` to its return shape."""
+if TYPE_CHECKING:
+    _LEDGER: type[Ledger] = State  # the state is what `api()` takes it for
 
-    def wrap(fn: F) -> F:
-        @functools.wraps(fn)
-        def call(self: Namespace, *args: Any, **kwargs: Any) -> Any:
-            parsed = parse(name, fmt, args, kwargs)
-            state = self._state
-            state.record_call(name)
-            try:
-                if name in NEEDS_INIT and not state.initialized:
-                    raise Fail(
-                        GE_EXEC_NOT_INIT,
-                        "the model executor is not initialized (acl.init() first; "
-                        "or acl.finalize() was called)",
-                    )
-                if name in NOT_IN_CALLBACK and state.in_callback:
-                    raise Fail(
-                        RT_PARAM_INVALID,
-                        f"{name} inside a stream callback (a callback must not allocate, free, "
-                        "synchronize or launch)",
-                    )
-                state.maybe_inject(name)
-                return fn(self, *parsed)
-            except Fail as e:
-                state.record_error(name, e.code, e.message)
-                return failure(e.code, parsed)
 
-        return cast(F, call)
+def land(st: State) -> None:
+    """Write every landing the host clock now covers (state lock held)."""
+    keep = []
+    for landing in st.landings:
+        if st.host_clock.get(landing.stream, 0) < landing.seq:
+            keep.append(landing)
+        elif landing.data is not None:
+            ctypes.memmove(landing.dst, landing.data, len(landing.data))
+    st.landings[:] = keep
 
-    return wrap
+
+def synchronized(st: State, clock: Mapping[int, int]) -> None:
+    """The host now knows the work in `clock` complete: advance it and land copies."""
+    with st.lock:
+        merge(st.host_clock, clock)
+        land(st)

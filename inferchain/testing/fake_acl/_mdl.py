@@ -26,10 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
 import numpy as np
 
-from inferchain.testing.fake_acl._core import (
+from inferchain.testing.fake_acl._calls import (
     GE_DYNAMIC_BATCH_SIZE_INVALID,
     GE_PARAM_INVALID,
     GE_SHAPE_INVALID,
@@ -41,11 +40,7 @@ from inferchain.testing.fake_acl._core import (
     MODEL_OUTPUT_NOT_MATCH,
     RT_MODEL_CONTEXT,
     RT_PARAM_INVALID,
-    DataBuffer,
     Fail,
-    Namespace,
-    Slice,
-    State,
     api,
     as_int,
     dict_pair,
@@ -56,43 +51,20 @@ from inferchain.testing.fake_acl._core import (
     same_first,
     undefined_type,
 )
+from inferchain.testing.fake_acl._core import DataBuffer, Namespace, Slice, State
 from inferchain.testing.fake_acl._memory import Allocation, check_host_access
 from inferchain.testing.fake_acl._model import MBATCH_INPUT, CompiledModel, Gear, IOSpec
-from inferchain.testing.fake_acl._order import Accesses
-from inferchain.testing.fake_acl._rt import Context, Stream, wait_until
+from inferchain.testing.fake_acl._objects import (
+    Context,
+    Dataset,
+    Desc,
+    Execution,
+    LoadedModel,
+    Stream,
+)
+from inferchain.testing.fake_acl._rt import wait_until
 
 Loader = Callable[[Path | bytes, str], CompiledModel]
-
-
-@attrs.frozen
-class Execution:
-    """One finished model execution, as `FakeAcl.executions` lists them."""
-
-    model_id: int
-    batch: int  # rows the model ran (the compiled batch or the gear)
-    hw: tuple[int, int] | None  # (height, width) for a dynamic-HW model
-
-
-@attrs.define(eq=False)
-class LoadedModel:
-    model_id: int
-    compiled: CompiledModel
-    context: Context
-    gear: Gear  # the gear last set (the largest until set_dynamic_* is called)
-    accesses: Accesses = attrs.Factory(Accesses)  # its executions, as writes per stream
-
-
-@attrs.define(eq=False)
-class Desc:
-    handle: int
-    model: LoadedModel | None = None  # filled by get_desc
-
-
-@attrs.define(eq=False)
-class Dataset:
-    handle: int
-    buffers: list[int] = attrs.Factory(list)
-    gear: Gear | None = None  # put here by set_dynamic_* / set_input_dynamic_dims
 
 
 def _none_pair(code: int, args: tuple[Any, ...]) -> tuple[None, int]:

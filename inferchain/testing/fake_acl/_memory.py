@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 import numpy as np
 
-from inferchain.testing.fake_acl._core import (
+from inferchain.testing.fake_acl._calls import (
     INVALID_PARAM,
     RT_MEMORY_ALLOCATION,
     RT_PARAM_INVALID,

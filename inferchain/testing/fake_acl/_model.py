@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from inferchain.testing.fake_acl._core import INVALID_FILE, Fail
+from inferchain.testing.fake_acl._calls import INVALID_FILE, Fail
 
 MBATCH_INPUT = "ascend_mbatch_shape_data"
 OM_MAGIC = b"FAKEOM1\n"

@@ -29,13 +29,9 @@ a stream without a subscription was also seen on hardware by a third party.
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import attrs
-
-from inferchain.testing.fake_acl._core import (
+from inferchain.testing.fake_acl._calls import (
     INVALID_PARAM,
     RT_PARAM_INVALID,
     RT_REPORT_TIMEOUT,
@@ -43,50 +39,14 @@ from inferchain.testing.fake_acl._core import (
     RT_STREAM_SUBSCRIBE,
     RT_THREAD_SUBSCRIBE,
     Fail,
-    Namespace,
-    State,
     api,
     as_int,
     pair,
 )
-
-if TYPE_CHECKING:
-    from inferchain.testing.fake_acl._rt import Stream
+from inferchain.testing.fake_acl._core import Namespace, State, synchronized
+from inferchain.testing.fake_acl._objects import Report, Reports
 
 CALLBACK_NO_BLOCK, CALLBACK_BLOCK = 0, 1
-
-
-@attrs.define(eq=False)
-class Report:
-    """One callback the stream has reached: what to call, and what it is ordered after."""
-
-    fn: Callable[[Any], Any]
-    user_data: Any
-    stream: Stream
-    clock: dict[int, int]  # the stream's work up to the callback task (and what that waited for)
-    done: threading.Event = attrs.Factory(threading.Event)
-
-
-class Reports:
-    """The queue of one report thread: callbacks reached by its streams, not yet processed."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._queue: deque[Report] = deque()
-        self.launched = 0  # callbacks launched on its streams and not yet run
-
-    def post(self, report: Report) -> None:
-        with self._cond:
-            self._queue.append(report)
-            self._cond.notify_all()
-
-    def take(self, timeout_s: float | None) -> list[Report]:
-        """Every report queued now, waiting up to `timeout_s` (None = for ever) for one."""
-        with self._cond:
-            self._cond.wait_for(lambda: bool(self._queue), timeout=timeout_s)
-            taken = list(self._queue)
-            self._queue.clear()
-            return taken
 
 
 class CallbackRt(Namespace):
@@ -175,8 +135,6 @@ class CallbackRt(Namespace):
 
 def _run(st: State, report: Report) -> None:
     """Run one callback on the calling (report) thread: the work before it is complete."""
-    from inferchain.testing.fake_acl._rt import synchronized  # a cycle at import time
-
     synchronized(st, report.clock)
     st.in_callback = True
     try:

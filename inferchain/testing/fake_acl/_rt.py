@@ -12,168 +12,31 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
 
-import attrs
-
-from inferchain.testing.fake_acl._core import (
-    INTERNAL_ERROR,
+from inferchain.testing.fake_acl._calls import (
     INVALID_PARAM,
     RT_ADDR_UNALIGNED,
     RT_EVENT_TIMESTAMP_INVALID,
     RT_INVALID_DEVICEID,
     RT_PARAM_INVALID,
     Fail,
-    Slice,
-    State,
     api,
     as_int,
     lookup,
     pair,
 )
+from inferchain.testing.fake_acl._core import Slice, State, synchronized
 from inferchain.testing.fake_acl._memory import (
     CopyPlan,
     check_host_access,
     is_device_pointer,
     plan_copy,
 )
+from inferchain.testing.fake_acl._objects import Context, Event, Landing, Record, Stream, Task
 from inferchain.testing.fake_acl._order import Accesses, Clock, merge
 from inferchain.testing.fake_acl._report import CallbackRt
 
 ACL_HOST = 1  # run mode: the host drives a separate device
-
-
-@attrs.define(eq=False)
-class Context:
-    handle: int
-    device: int
-    implicit: bool = False  # the device's default context, made by set_device
-    alive: bool = True
-
-
-Task = Callable[[], None]  # raises Fail to report an asynchronous error
-
-
-class Stream:
-    """A device queue: its own thread runs the tasks in order.
-
-    Tasks are numbered from 1 in submission order (`seq` is the last number given); `after`
-    is the clock of other streams' work this stream is ordered after (`stream_wait_event`).
-    """
-
-    def __init__(self, handle: int, context: Context) -> None:
-        self.handle = handle
-        self.context = context
-        self.seq = 0  # tasks submitted so far
-        self.after: Clock = {}
-        self.pending = 0  # tasks enqueued and not finished
-        self.callbacks = 0  # callbacks launched and not yet run by the report thread
-        self._tasks: deque[Task] = deque()
-        self._cond = threading.Condition()
-        self._error: Fail | None = None
-        self._stopping = False
-        self._thread = threading.Thread(
-            target=self._loop, name=f"fake-acl-stream-{handle:#x}", daemon=True
-        )
-        self._thread.start()
-
-    def submit(self, task: Task) -> int:
-        """Enqueue `task`; its number. Call with the state lock held (numbers and clocks
-        must agree)."""
-        with self._cond:
-            self._tasks.append(task)
-            self.pending += 1
-            self.seq += 1
-            self._cond.notify_all()
-            return self.seq
-
-    def clock(self, host: Clock) -> Clock:
-        """What a task submitted now is ordered after: the host's clock and `after`."""
-        clock = dict(host)
-        merge(clock, self.after)
-        return clock
-
-    def synchronize(self) -> Fail | None:
-        """Wait for every queued task; the first asynchronous error since the last call."""
-        with self._cond:
-            self._cond.wait_for(lambda: self.pending == 0)
-            error, self._error = self._error, None
-            return error
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._tasks or self._stopping)
-                if not self._tasks:
-                    return
-                task = self._tasks.popleft()
-            error: Fail | None = None
-            try:
-                task()
-            except Fail as e:
-                error = e
-            except Exception as e:  # a bug in a task must not kill the stream thread
-                error = Fail(INTERNAL_ERROR, f"{type(e).__name__}: {e}")
-            with self._cond:
-                if error is not None and self._error is None:
-                    self._error = error
-                self.pending -= 1
-                self._cond.notify_all()
-
-
-@attrs.define(eq=False)
-class Record:
-    """One `record_event`: reached when the stream gets there; what it orders after."""
-
-    stream: int
-    seq: int  # the record's own task number on `stream`
-    clock: Clock  # the stream's work up to the record, and what that was ordered after
-    reached: threading.Event = attrs.Factory(threading.Event)
-    stamp: float = 0.0  # perf_counter() when reached
-
-
-class Event:
-    def __init__(self, handle: int, context: Context) -> None:
-        self.handle = handle
-        self.context = context
-        self.record: Record | None = None  # the last record_event; None = never recorded
-
-
-@attrs.define(eq=False)
-class Landing:
-    """An async copy into host memory: it lands when the host synchronizes past it, so a
-    host that reads before synchronizing reads the 0xFF poison, on every run."""
-
-    stream: int
-    seq: int
-    dst: int  # host address
-    data: bytes | None = None  # the bytes, once the copy ran on the stream
-
-
-def land(st: State) -> None:
-    """Write every landing the host clock now covers (state lock held)."""
-    keep = []
-    for landing in st.landings:
-        if st.host_clock.get(landing.stream, 0) < landing.seq:
-            keep.append(landing)
-        elif landing.data is not None:
-            ctypes.memmove(landing.dst, landing.data, len(landing.data))
-    st.landings[:] = keep
-
-
-def synchronized(st: State, clock: Mapping[int, int]) -> None:
-    """The host now knows the work in `clock` complete: advance it and land copies."""
-    with st.lock:
-        merge(st.host_clock, clock)
-        land(st)
 
 
 def wait_until(deadline: float) -> None:
