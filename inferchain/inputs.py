@@ -69,6 +69,14 @@ class InputSpec:
     def normalize(self, inputs: Any) -> tuple[np.ndarray, ...]:
         """Arrays in the model's input order, each checked; raises `InvalidInput`."""
         if type(inputs) is np.ndarray and len(self.names) == 1:
+            exact = self._exact[0]
+            if (  # the common case, checked in one comparison
+                exact is not None
+                and inputs.dtype == exact[0]
+                and inputs.shape == exact[1]
+                and not self.reject_nonfinite
+            ):
+                return (inputs,)
             return (self._check(0, inputs),)
         if isinstance(inputs, Mapping):
             arrays = self._from_mapping(inputs)

@@ -234,13 +234,14 @@ class ModelMetrics:
         errors = 0
         if failed:
             errors = sum(size if i < full else last for i in failed)
-        if len(slices) == 1:  # the common case, without a list
+        stamps: _Stamp | list[_Stamp]
+        if len(slices) == 1:  # the common case
             work = slices[0].work
             first = work.submitted
             admitted = work.admitted or sent
-            stamps: list[_Stamp] = [(rows - errors, first, admitted, sent, picked, end, True)]
+            stamps = (rows - errors, first, admitted, sent, picked, end, True)
             if errors:
-                stamps = [stamps[0], (errors, first, admitted, sent, picked, end, False)]
+                stamps = [stamps, (errors, first, admitted, sent, picked, end, False)]
         else:  # one batch: all of it ran, or none
             ok = not failed
             stamps = [
@@ -258,7 +259,10 @@ class ModelMetrics:
             if self.first_submit is None or first < self.first_submit:
                 self.first_submit = first
             self.last_done = end
-            self._slices.extend(stamps)
+            if isinstance(stamps, list):
+                self._slices.extend(stamps)
+            else:
+                self._slices.append(stamps)
             self.runs.append(timing)
             clock = self.busy.get(timing.worker)
             if clock is None:

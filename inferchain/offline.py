@@ -17,7 +17,6 @@ from typing import Any, Literal, Self, overload
 
 import numpy as np
 
-from inferchain.anchors import current_run
 from inferchain.backends.base import Backend
 from inferchain.backends.factory import make_backend
 from inferchain.config import ModelConfig, Recipe, load_recipe
@@ -34,7 +33,7 @@ from inferchain.driver import PipelineDriver, idle_flush
 from inferchain.errors import Closed, ConfigError, InvalidInput
 from inferchain.host_processes import HostProcesses
 from inferchain.in_flight import in_flight
-from inferchain.inputs import Item
+from inferchain.intake import WorkSpec
 from inferchain.logs import get_logger
 from inferchain.memory import MemoryPlan
 from inferchain.metrics import Metrics, Stats
@@ -73,6 +72,7 @@ class OfflineInference:
         self._lock = threading.Lock()  # guards _phase and _next_id
         self._next_id = 1
         self._models: dict[str, LoadedModel] = {}  # after init()
+        self._specs: dict[str, WorkSpec] = {}  # after init(): each model's intake
         self._engine: ExecutionEngine | None = None
         self._sequences = Sequences()  # the step batchers and runners the engine drives
         self._pipeline: Pipeline | None = None
@@ -121,6 +121,9 @@ class OfflineInference:
             max_queue_size=self.recipe.scheduler.max_queue_size,
         )
         engine.start()
+        self._specs = {
+            name: WorkSpec(m, self._take_ids, engine.cancelled) for name, m in self._models.items()
+        }
         self._engine = engine
         self._phase = "running"
         if pipeline is not None:
@@ -216,8 +219,7 @@ class OfflineInference:
         """`submit` for many items at once (an iterable of items, or for a one-input model
         an array whose rows are the items): all are checked before any is queued."""
         engine = self._running_engine()
-        works = self._works(
-            model,
+        works = self._spec(model).works(
             items,
             per_item=True,
             priority=priority,
@@ -430,8 +432,10 @@ class OfflineInference:
         When the model is idle and its sessions may run on any thread (ONNX Runtime; not
         pyACL), the engine runs its batch right here on the calling thread.
         """
-        engine = self._running_engine()
-        (work,) = self._works(model, (inputs,), timeout=timeout)
+        engine, spec = self._engine, self._specs.get(model)
+        if spec is None or engine is None or self._phase != "running":
+            engine, spec = self._running_engine(), self._spec(model)  # raises
+        work = spec.item(inputs, timeout)
         if not engine.run_until(work):
             work.wait()
         result = work.item(0)
@@ -528,6 +532,7 @@ class OfflineInference:
         """Works for `inputs` in a bounded window; with `on_error="return"` an item that
         fails its input check becomes a settled Work of its error, in its place."""
         engine = self._running_engine()
+        spec = self._spec(model)
         config = self.recipe.model(model)
         limit = max_in_flight or 2 * config.num_slots
         size = chunk or config.batch_rows
@@ -538,11 +543,11 @@ class OfflineInference:
             items: Sequence[Any] | np.ndarray, notify: Callable[[Work], None] | None
         ) -> list[Work]:
             try:
-                works = self._works(model, items, priority=priority, listener=notify)
+                works = spec.works(items, priority=priority, listener=notify)
             except InvalidInput:
                 if on_error == "raise":
                     raise
-                works = self._works_apart(model, items, priority, notify)
+                works = spec.works_apart(items, priority, notify)
             for w in works:
                 if not w.done:
                     engine.run_until(w)
@@ -601,105 +606,13 @@ class OfflineInference:
 
     # -- turning inputs into records ------------------------------------------------------
 
-    def _works(
-        self,
-        model: str,
-        items: Iterable[Any] | np.ndarray,
-        *,
-        per_item: bool = False,
-        priority: int | None = None,
-        timeout: float | None = None,
-        depends_on: tuple[Request, ...] = (),
-        callback: Callback | None = None,
-        listener: Callable[[Work], None] | None = None,
-    ) -> list[Work]:
-        """Checked WAITING works for `items`, one per run of same-shape items."""
-        loaded = self._model(model)
-        config, spec = loaded.config, loaded.spec
-        groups = spec.groups(items)
-        if loaded.memory.request_bytes is not None:
-            self._check_room(loaded, groups)
-        prio = config.priority if priority is None else priority
-        timeout = config.timeout_s if timeout is None else timeout
-        now = time.perf_counter()
-        deadline = None if timeout is None else now + timeout
-        engine = self._running_engine()
-        run = current_run.get() if config.batching == "fill" else None
-        works = []
-        for inputs in groups:
-            exact, key, joins = loaded.shapes.keys_of_rows(inputs, spec)
-            if run is not None:
-                joins = (run, joins)  # anchored: two runs never share a batch
-            rows = len(inputs[0]) if spec.batching else 1
-            work = Work.for_items(
-                self._take_ids(rows if per_item else 1),
-                model,
-                inputs,
-                per_item=per_item,
-                callback=callback,
-                created=now,
-                shape_key=key,
-                batch_key=joins,
-                exact=exact,
-                names=loaded.output_names,
-                batched=spec.batching,
-                priority=prio,
-                deadline=deadline,
-                depends_on=depends_on,
-                on_cancel=engine.cancelled,
-                listener=listener,
-                run=run,
-            )
-            works.append(work)
-        return works
-
-    def _works_apart(
-        self,
-        model: str,
-        items: Sequence[Any] | np.ndarray,
-        priority: int | None,
-        listener: Callable[[Work], None] | None,
-    ) -> list[Work]:
-        """`_works` for a chunk where some item fails its input check: the runs of good
-        items as Works, each failed item (or a whole array of rows) as a rejected Work."""
-        names = self._model(model).output_names
-
-        def rejected(error: InvalidInput, rows: int) -> Work:
-            return Work.rejected(self._take_ids(1), model, error, rows, names)
-
-        if isinstance(items, np.ndarray) and self._model(model).spec.takes_rows:
-            try:
-                return self._works(model, items, priority=priority, listener=listener)
-            except InvalidInput as e:  # the rows are checked as one array
-                return [rejected(e, len(items))]
-        works: list[Work] = []
-        good: list[Any] = []
-        for item in items:
-            try:
-                self._works(model, (item,))  # the check alone: nothing is submitted
-            except InvalidInput as e:
-                if good:
-                    works += self._works(model, good, priority=priority, listener=listener)
-                    good = []
-                works.append(rejected(e, 1))
-            else:
-                good.append(item)
-        if good:
-            works += self._works(model, good, priority=priority, listener=listener)
-        return works
-
-    def _check_room(self, loaded: LoadedModel, groups: Sequence[Item]) -> None:
-        room = loaded.memory.request_bytes
-        assert room is not None
-        for inputs in groups:
-            rows = len(inputs[0]) if loaded.spec.batching and inputs[0].ndim else 1
-            size = sum(a.nbytes for a in inputs) // max(rows, 1)
-            if size > room:
-                raise InvalidInput(
-                    f"model {loaded.config.name!r}: an item of {size} bytes does not fit what "
-                    f"memory_budget_mb {loaded.config.memory_budget_mb} leaves for requests "
-                    f"({room} bytes)"
-                )
+    def _spec(self, model: str) -> WorkSpec:
+        """The intake of `model` (`InvalidInput` naming the models there are)."""
+        found = self._specs.get(model)
+        if found is None:
+            self._model(model)  # raises
+            raise Closed(f"cannot submit: the OfflineInference is {self._phase}")
+        return found
 
     def _take_ids(self, n: int) -> int:
         with self._lock:

@@ -41,8 +41,8 @@ def test_window_sends_at_once_when_idle_and_wait_waits_for_the_window() -> None:
     for b in (eager, patient):
         b.add(create_work(1, rows=2))
     key = ((4,),)
-    assert eager.due(T0 + 0.001, all_idle=True) == (key, True, float("inf"))  # partial
-    assert patient.due(T0 + 0.001, all_idle=True) == (None, False, T0 + 0.05)
+    assert eager.due(T0 + 0.001, all_idle=True) == (key, True, None, float("inf"))  # partial
+    assert patient.due(T0 + 0.001, all_idle=True) == (None, False, None, T0 + 0.05)
     assert patient.due(T0 + 0.05, all_idle=True)[0] == key  # its window has passed
     patient.add(create_work(2, rows=2))
     assert patient.due(T0 + 0.001, all_idle=True)[:2] == (key, False)  # a full batch at once
@@ -52,7 +52,7 @@ def test_a_flush_sends_a_waiting_partial_batch_until_the_batcher_is_empty() -> N
     b = create_batcher(batching="wait")
     b.add(create_work(1))
     b.flushing = True
-    key, partial, _ = b.due(T0, all_idle=False)
+    key, partial, _, _ = b.due(T0, all_idle=False)
     assert partial
     assert key == ((4,),)
     b.take(key)
@@ -157,8 +157,8 @@ def test_a_partial_group_waits_for_the_window_unless_every_worker_is_idle() -> N
     b = create_batcher(max_batch=4, delay_ms=50)
     work = create_work(1, rows=1, admitted=T0)
     b.add(work)
-    assert b.due(T0 + 0.01, all_idle=False) == (None, False, T0 + 0.05)
-    assert b.due(T0 + 0.01, all_idle=True) == (work.shape_key, True, float("inf"))
+    assert b.due(T0 + 0.01, all_idle=False) == (None, False, None, T0 + 0.05)
+    assert b.due(T0 + 0.01, all_idle=True) == (work.shape_key, True, None, float("inf"))
     assert b.due(T0 + 0.05, all_idle=False)[0] == work.shape_key
 
 
@@ -183,9 +183,9 @@ def test_a_due_group_goes_first_and_next_due_is_the_earliest_window_of_the_other
     b.add(create_work(1, width=4, admitted=T0 + 0.02))
     b.add(create_work(2, width=5, admitted=T0 + 0.01))
     b.add(create_work(3, width=6, admitted=T0 - 1.0))
-    assert b.due(T0, all_idle=False) == (((6,),), True, T0 + 0.06)
+    assert b.due(T0, all_idle=False) == (((6,),), True, None, T0 + 0.06)
     b.take(((6,),))
-    assert b.due(T0, all_idle=False) == (None, False, T0 + 0.06)
+    assert b.due(T0, all_idle=False) == (None, False, None, T0 + 0.06)
 
 
 # -- cancelled rows, forget, drain ------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_drain_hands_back_every_work_with_untaken_rows_and_empties_the_batcher()
     b.take(((4,),))
     assert sorted(w.id for w in b.drain()) == [1, 2, 3]
     assert b.num_ready == 0 and not b.groups
-    assert b.due(T0, all_idle=True) == (None, False, float("inf"))
+    assert b.due(T0, all_idle=True) == (None, False, None, float("inf"))
 
 
 def test_a_run_takes_several_batches_of_a_work_and_its_partial_tail_only_when_due() -> None:

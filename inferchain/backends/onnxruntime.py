@@ -143,7 +143,9 @@ class OnnxRuntimeSession(Session):
         }
 
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
-        inputs = self._fixed.pad(inputs, batch_size)
+        fixed = self._fixed
+        if fixed.limit is not None and batch_size < fixed.limit:  # a fixed batch: padded
+            inputs = fixed.pad(inputs, batch_size)
         feed = dict(zip(self._input_names, inputs, strict=True))
         try:
             return self._session.run(self._output_names, feed)  # type: ignore[no-any-return]

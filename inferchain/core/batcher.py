@@ -62,10 +62,11 @@ class ModelBatcher:
         all_idle: bool,
         skip: frozenset[BatchKey] | set[BatchKey] = frozenset(),
         caller: Work | None = None,
-    ) -> tuple[BatchKey | None, bool, float]:
+    ) -> tuple[BatchKey | None, bool, int | None, float]:
         """The group to send now (the one whose oldest work waited longest among those
         due, `skip` left out), whether its last batch may leave partial (else it waits for
-        more rows), and when the next window expires. `caller`: the work of a caller that
+        more rows), the instance it must run on (`pinned`), and when the next window
+        expires. `caller`: the work of a caller that
         waits for it on its own thread (`run_until`): on an idle model it leaves at once,
         whatever the batching mode (no other row can come from that caller)."""
         best: BatchKey | None = None
@@ -76,10 +77,10 @@ class ModelBatcher:
                 if key in skip:
                     continue
                 if self._run_over(group[0]) or (all_idle and group[0] is caller):
-                    return key, True, next_due
+                    return key, True, self.pinned(key), next_due
                 if self._rows[key] >= self.max_rows:
-                    return key, False, next_due
-            return None, False, next_due
+                    return key, False, self.pinned(key), next_due
+            return None, False, None, next_due
         for key, group in self.groups.items():
             if key in skip:
                 continue
@@ -97,7 +98,10 @@ class ModelBatcher:
                     best, best_t, partial = key, head, may_part
             else:
                 next_due = min(next_due, head + self.delay)
-        return best, partial, next_due
+        if best is None:
+            return None, False, None, next_due
+        steps = self.groups[best][0].steps  # `pinned`, without a call
+        return best, partial, None if steps is None else steps.worker, next_due
 
     def pinned(self, key: BatchKey) -> int | None:
         """The instance group `key` must run on (sequence steps whose state its session
@@ -148,8 +152,11 @@ class ModelBatcher:
             if rows and work.state_rows is not None and rows + work.rows - before > size:
                 break  # steps whose state is on the device stay in one batch (a reorder)
             if before < work.rows:
-                if work.requests is None:
-                    rows = self._take_rows(work, slices, rows, limit)
+                if work.requests is None:  # a bulk work's rows: one slice
+                    stop = min(work.rows, before + limit - rows)
+                    slices.append(Slice(work, before, stop, rows))
+                    work.taken = stop
+                    rows += stop - before
                 else:
                     rows = self._take_requests(work, slices, rows, limit)
                 consumed += work.taken - before
@@ -178,14 +185,6 @@ class ModelBatcher:
                 self.num_ready -= untaken
             work.taken = work.rows
         return untaken
-
-    def _take_rows(self, work: Work, slices: list[Slice], rows: int, limit: int) -> int:
-        """Rows of a bulk work, as one slice, up to `limit` rows in all."""
-        before = work.taken
-        stop = min(work.rows, before + limit - rows)
-        slices.append(Slice(work, before, stop, rows))
-        work.taken = stop
-        return rows + stop - before
 
     def _take_requests(self, work: Work, slices: list[Slice], rows: int, limit: int) -> int:
         """Rows of a work with per-item Requests, up to `limit` rows in all: each moves to

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 from inferchain.core.callbacks import CallbackThread
 from inferchain.core.inbox import Inbox
 from inferchain.core.ledger import Ledger
-from inferchain.core.records import BatchKey, Plan, Run, RunResult, failed_run
+from inferchain.core.records import EMPTY_PLAN, BatchKey, Plan, Run, RunResult, failed_run
 from inferchain.core.request import Request, RequestState, advance
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.sequences import Sequences
@@ -159,29 +159,36 @@ class ExecutionEngine:
                         why = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
                         self.ledger.drop_rows(work, why, S.CANCELLED)
                 here = None
-                if not work.done and (result is None or result.interrupt is None):
+                if work.state < S.DONE and (result is None or result.interrupt is None):
                     timeout = self._step(time.perf_counter(), work)
                     if self._here:
                         here = self._here.pop()
                 if here is None:
-                    if not work.done:
+                    if work.state < S.DONE:
                         work.arm()
                     # the loop times what waits, dispatches what the run's worker held up and
                     # runs the code left for after a step
                     ledger = self.ledger
                     later = (
                         timeout is not None
+                        or work.deadline is not None
                         or bool(ledger.landed or ledger.listening)
                         or self._models[work.model].batcher.num_ready > 0
-                        or self._scheduler.has_news
+                        or self._scheduler.num_waiting > 0
                     )
                     break
-            result = self._execute(*here)
+            worker, run = here
+            try:  # the inline executor: the run on this thread, outside the lock
+                result = worker.execute(run)
+            except BaseException as e:  # an interrupt outside the run's batches: all failed
+                interrupted = RequestCancelled(f"run of {run.model!r} interrupted")
+                result = failed_run(run, worker.name, interrupted, time.perf_counter())
+                result = result._replace(interrupt=e)
         if later or (result is not None and result.interrupt is not None):
             self._inbox.wake()
         if result is not None and result.interrupt is not None:
             raise result.interrupt
-        return work.done
+        return work.state >= S.DONE
 
     def flush(self, *, if_stalled: bool = False) -> None:
         """Send the partial batches of `batching: fill` / `wait` models as they are (any
@@ -269,7 +276,10 @@ class ExecutionEngine:
         if inbox.submitted or inbox.cancelled:
             self._take_submissions(now)
         next_due = self._take_due_steps(now) if self._sequences.batchers else _INF
-        self._schedule(now)
+        plan = self._scheduler.schedule(now)
+        while plan is not EMPTY_PLAN:  # ending rows may unblock, fail or make room for others
+            self._apply(plan)
+            plan = self._scheduler.schedule(now)
         if flush or if_stalled:
             self._mark_flushes(flush or (not delivered and self._stalled()))
         for model in self._models.values():
@@ -281,7 +291,8 @@ class ExecutionEngine:
                     self.ledger.drop_rows(work, closed, S.CANCELLED)
             else:
                 next_due = min(next_due, self._dispatch(model, now, caller))
-        next_due = min(next_due, self._scheduler.next_deadline, self._sequences.next_deadline)
+        if caller is None:  # a caller's step leaves the deadlines to the loop (see run_until)
+            next_due = min(next_due, self._scheduler.next_deadline, self._sequences.next_deadline)
         if next_due == _INF:
             return None
         return max(next_due - time.perf_counter(), 0.0)
@@ -338,14 +349,6 @@ class ExecutionEngine:
             self._scheduler.add(work)
         return next_due
 
-    def _schedule(self, now: float) -> None:
-        """Phase 4: plan until nothing more is admitted, expired or failed (ending rows may
-        unblock, fail or make room for others)."""
-        plan = self._scheduler.schedule(now)
-        while plan.admitted or plan.expired or plan.failed:
-            self._apply(plan)
-            plan = self._scheduler.schedule(now)
-
     def _ready(self, work: Work, now: float) -> None:
         """An admitted work joins its model's batcher."""
         self._models[work.model].batcher.add(work)
@@ -390,46 +393,56 @@ class ExecutionEngine:
         """Phase 6: send what is due to free (worker, stream) pairs, one run each; returns
         when a window ends. A caller's thread takes one run of its model inline, where a
         worker has nothing in flight."""
-        why = model.unusable()
-        if why is not None:
-            error = BackendError(f"every worker of model {model.name!r} is {why}")
-            for work in model.batcher.drain():
-                self.ledger.drop_rows(work, error, S.ERROR)
+        room = model.open_room()  # healthy worker (index) -> the runs it may still take
+        if not room:
+            why = model.unusable()
+            if why is not None:
+                error = BackendError(f"every worker of model {model.name!r} is {why}")
+                for work in model.batcher.drain():
+                    self.ledger.drop_rows(work, error, S.ERROR)
             return _INF
-        room = model.open_room()
-        healthy = [w for w in model.workers if room.get(w.index, 0) > 0]
-        if not healthy:
-            return _INF
-        all_idle = not model.busy
-        here = caller is not None and model.inline and caller.model == model.name
+        in_flight = model.in_flight
+        all_idle = not any(in_flight)
+        here = (
+            caller is not None
+            and model.inline
+            and caller.model == model.name
+            and caller.state < S.DONE
+        )
         batcher = model.batcher
         skip: set[BatchKey] = set()  # groups pinned to an instance with no room now
-        while batcher.groups:
-            # the least loaded first: fewest runs in flight, then the most room
-            open_ = [w for w in healthy if room[w.index] > 0]
-            if not open_:
-                break
-            key, partial, due_at = batcher.due(now, all_idle, skip, caller)
+        while room and batcher.groups:
+            key, partial, pin, due_at = batcher.due(now, all_idle, skip, caller)
             if key is None:
                 return due_at
-            worker = self._worker_for(model, batcher.pinned(key), open_, room)
-            if worker is None:  # its instance is busy or dead: the group waits or fails
-                if not self._pinned_dead(model, key):
-                    skip.add(key)
-                continue
-            inline = here and model.idle(worker)
-            slices, rows = batcher.take(key, model.batches[worker.index], partial)
+            if pin is not None:
+                if pin not in room:  # its instance is busy or dead: the group waits or fails
+                    if not self._pinned_dead(model, key):
+                        skip.add(key)
+                    continue
+                i = pin
+            elif len(room) == 1:
+                (i,) = room
+            else:  # the least loaded first: fewest runs in flight, then the most room
+                i = min(room, key=lambda k: (in_flight[k], -room[k]))
+            worker = model.workers[i]
+            inline = here and in_flight[i] == 0
+            slices, rows = batcher.take(key, model.batches[i], partial)
             if not slices:
                 continue
-            room[worker.index] = 0 if inline else room[worker.index] - 1
+            left = 0 if inline else room[i] - 1
+            if left:
+                room[i] = left
+            else:
+                del room[i]
             all_idle = False
             shape_key = slices[0].work.shape_key  # the same for every work of the group ...
             if model.longest:  # ... except where a batch takes the envelope of its rows
                 shape_key = envelope([s.work.shape_key for s in slices])
             stream = model.take_stream(worker, inline)
             sent = time.perf_counter()  # not the step's `now`: a work may have come within it
-            run = Run(model.name, worker.index, stream, tuple(slices), rows,
-                      batcher.max_rows, shape_key, sent)  # fmt: skip
+            run = Run(model.name, i, stream, tuple(slices), rows, batcher.max_rows, shape_key,
+                      sent)  # fmt: skip
             if inline:
                 here = False
                 self._inline.append(run)
@@ -437,15 +450,6 @@ class ExecutionEngine:
             else:
                 worker.dispatch(run)
         return _INF
-
-    def _worker_for(
-        self, model: WorkerSet, pin: int | None, open_: list[ModelWorker], room: dict[int, int]
-    ) -> ModelWorker | None:
-        """Where the next run goes: the least loaded open worker, or the instance the
-        group's sequence steps are pinned to (None while it has no room)."""
-        if pin is None:
-            return min(open_, key=lambda w: (model.in_flight[w.index], -room[w.index]))
-        return model.workers[pin] if room.get(pin, 0) > 0 else None
 
     def _pinned_dead(self, model: WorkerSet, key: BatchKey) -> bool:
         """The instance group `key` is pinned to is dead: its rows fail (the state of their
@@ -498,14 +502,3 @@ class ExecutionEngine:
             wall_ms=round((t.end - t.picked) * 1e3, 3),
             work_ids=sorted({s.work.id for s in result.run.slices}),
         )
-
-    def _execute(self, worker: ModelWorker, run: Run) -> RunResult:
-        """The inline executor: `run` on this thread, outside the lock. An interrupt outside
-        the run's batches (which `execute` turns into its result's) fails all of it."""
-        try:
-            return worker.execute(run)
-        except BaseException as e:
-            interrupted = RequestCancelled(f"run of {run.model!r} interrupted")
-            return failed_run(run, worker.name, interrupted, time.perf_counter())._replace(
-                interrupt=e
-            )

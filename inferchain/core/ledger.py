@@ -64,6 +64,7 @@ class Ledger:
         self._drained = threading.Condition(self._drains)  # ... and wait_all waits on it
         self._outstanding = 0  # works submitted, not yet finished
         self._recovering = 0  # workers re-initialising after failures
+        self._waiting = 0  # callers in wait_all (told when the last work finishes)
         self.live: dict[int, Request] = {}  # requests not yet terminal, by id
         self.failed: dict[int, Request] = {}  # the latest that ended without outputs
         self._failed_ids = bytearray()  # one bit per request id: it ended without outputs
@@ -125,9 +126,13 @@ class Ledger:
         """True once every work registered has finished and no worker is re-initialising
         (within `timeout` seconds)."""
         with self._drained:
-            return self._drained.wait_for(
-                lambda: self._outstanding == 0 and self._recovering <= 0, timeout
-            )
+            self._waiting += 1
+            try:
+                return self._drained.wait_for(
+                    lambda: self._outstanding == 0 and self._recovering <= 0, timeout
+                )
+            finally:
+                self._waiting -= 1
 
     def recovering_changed(self, by: int) -> None:
         """A worker began re-initialising (+1), or is healthy again or dead (-1)."""
@@ -142,8 +147,16 @@ class Ledger:
         (i + 1) * size); a slice's rows in it get its outputs' rows (cropped back where the
         batch was padded to a bucket), or its error."""
         run, outcomes = result.run, result.outcomes
+        slices = run.slices
+        if len(outcomes) == 1 and len(slices) == 1:  # one batch of one work's rows, whole
+            s = slices[0]
+            value = outcomes[0]
+            if model.crops and s.work.exact != run.shape_key and type(value) is tuple:
+                value = tuple(crop_rows(value, s.work.exact, model.crops))
+            self.end_rows(s.work, s.start, s.stop, value)
+            return
         size, total, crops = run.size, run.rows, model.crops
-        for s in run.slices:
+        for s in slices:
             work = s.work
             lo, hi = s.offset, s.offset + s.rows
             i = lo // size
@@ -235,7 +248,8 @@ class Ledger:
             self._outstanding -= 1
             if self._outstanding == 0:
                 self._activity.leave()
-                self._drained.notify_all()
+                if self._waiting:
+                    self._drained.notify_all()
 
     def _ended(self, requests: Iterable[Request]) -> None:
         """Bookkeeping of requests that just ended."""

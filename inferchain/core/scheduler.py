@@ -97,19 +97,26 @@ class Scheduler:
         nothing of its model waits, it depends on nothing and it fits, as `schedule()`
         would admit it; else `add`ed."""
         q = self._queues[work.model]
-        if q.heap or work.depends_on or work.cancelled or not q.can_schedule(work):
+        if (
+            q.heap
+            or work.depends_on
+            or work.cancelled
+            or (q.num_admitted and not q.can_schedule(work))  # room, without a call when idle
+        ):
             self.add(work)
             return False
         if work.deadline is not None:
             heapq.heappush(self._deadlines, (work.deadline, work.id, work))
-        q.allocate(work.rows, work.nbytes)
+        q.num_admitted += work.rows
+        q.admitted_bytes += work.nbytes
         work.admit(now)
         return True
 
     def release(self, work: Work) -> None:
         """An admitted work has finished: free its slots and budget."""
         q = self._queues[work.model]
-        q.deallocate(work.rows, work.nbytes)
+        q.num_admitted -= work.rows
+        q.admitted_bytes -= work.nbytes
         if q.heap:
             self._dirty.add(q.name)
 

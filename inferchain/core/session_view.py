@@ -48,6 +48,7 @@ class SessionView:
         )
         self.buffers = HostBuffers(session.inputs, model.batch_rows, pad, layout.inputs)
         self._sizes: dict[ShapeKey, int] = {}  # elements of one row, per item shape key
+        self._runs: dict[tuple[ShapeKey, int, int], tuple[int, int]] = {}  # `elements`, memoised
 
     def keep_state_on_device(self, carried: Sequence[int]) -> None:
         """The session keeps the outputs `carried` (indices) in its device state: `collect`
@@ -64,11 +65,21 @@ class SessionView:
         """Batch `i` of `run` as the session's inputs, in the model's layout: a view of the
         caller's rows where they are exactly a batch, else copied (and padded) into the
         stream's buffers."""
+        slices = run.slices
+        if len(slices) == 1:  # the common case: consecutive rows of one work, as they are
+            s = slices[0]
+            work = s.work
+            if self.buffers.plain and work.exact == run.shape_key and work.batched:
+                start = s.start + i * run.size - s.offset
+                stop = min(start + run.size, s.stop)
+                inputs = work.inputs
+                if len(inputs) == 1:
+                    return [inputs[0][start:stop]]
+                return [a[start:stop] for a in inputs]
         if run.rows <= run.size:  # the run is one batch
             return self.buffers.feed(run)
         lo = i * run.size
         hi = min(lo + run.size, run.rows)
-        slices = run.slices
         if len(slices) == 1:  # the common case: consecutive rows of one work
             s = slices[0]
             work = s.work
@@ -83,11 +94,6 @@ class SessionView:
                 if (a := max(lo, s.offset)) < (b := min(hi, s.offset + s.stop - s.start))
             )
         return self.buffers.feed(run._replace(slices=part, rows=hi - lo))
-
-    def rows_told(self, rows: int) -> int:
-        """The batch size the session is told: the batch's rows (0 where the model takes
-        its inputs whole)."""
-        return rows if self.batching else 0
 
     # -- reading outputs --------------------------------------------------------------------
 
@@ -129,12 +135,18 @@ class SessionView:
         and of those padding: rows up to the session's padded batch, dims up to the key."""
         key, slices = run.shape_key, run.slices
         if len(slices) == 1 and slices[0].work.exact == key:  # rows padded at most
+            memo = (key, run.rows, run.size)
+            found = self._runs.get(memo)
+            if found is not None:
+                return found
             full, last = divmod(run.rows, run.size)
             ran, pad = self.padding(key, run.size)
             ran, pad = ran * full, pad * full
             if last:
                 more, more_pad = self.padding(key, last)
                 ran, pad = ran + more, pad + more_pad
+            if len(self._runs) < 1024:
+                self._runs[memo] = ran, pad
             return ran, pad
         if not self.batching:
             return 0, 0

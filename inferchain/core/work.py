@@ -45,6 +45,7 @@ _REQUEST_DEFAULTS = {
 }
 
 Piece = tuple[int, int, "tuple[np.ndarray, ...] | BaseException"]  # rows [start, stop)
+_NO_REQUESTS = threading.RLock()  # the `lock` of every Work without Requests (never taken)
 S = RequestState
 
 
@@ -88,6 +89,7 @@ class Work:
     __slots__ = (
         "_done",
         "admitted",
+        "alone",
         "batch_key",
         "batched",
         "cancelled",
@@ -156,6 +158,8 @@ class Work:
         self.exact = exact  # item shapes of the rows themselves (differ when padded)
         self.names = names  # the model's output names, in output order
         self.steps = steps  # a batch of sequence steps: its lanes; None for items
+        # its rows run as one batch of their own (a cohort of sequence steps)
+        self.alone = steps is not None and steps.alone
         # host bytes of all rows' inputs
         self.nbytes = inputs[0].nbytes if len(inputs) == 1 else sum(a.nbytes for a in inputs)
         if steps is not None and steps.ahead:  # every step of a multi-step batch
@@ -165,8 +169,8 @@ class Work:
         self.depends_on = depends_on  # requests that must end DONE before any row runs
         self.requests: tuple[Request, ...] | None = None  # one per row, where asked for
         # shared by those requests: their transitions batch (a stateful model's step works
-        # share one lock for all of them)
-        self.lock = threading.RLock() if lock is None else lock
+        # share one lock for all of them); a Work without Requests takes none
+        self.lock = _NO_REQUESTS if lock is None else lock
         self.submitted = submitted  # perf_counter at submit
         self.admitted: float | None = None  # perf_counter when the Scheduler admitted it
         self.state = S.WAITING  # of the work as a whole; terminal once finished
@@ -216,7 +220,7 @@ class Work:
             run=run,
         )  # fmt: skip
         if per_item:
-            lock = work.lock
+            lock = work.lock = threading.RLock()
             # only the fields that differ from a Request's defaults: a keyword costs per row
             given: dict[str, Any] = {"priority": priority, "deadline": deadline,
                                      "depends_on": depends_on, "callback": callback,
@@ -270,11 +274,6 @@ class Work:
     @property
     def done(self) -> bool:
         return self.state >= S.DONE
-
-    @property
-    def alone(self) -> bool:
-        """Its rows run as one batch of their own (a cohort of sequence steps)."""
-        return self.steps is not None and self.steps.alone
 
     @property
     def lanes(self) -> np.ndarray | None:
@@ -347,10 +346,13 @@ class Work:
             if start <= row < stop:
                 if isinstance(value, BaseException):
                     return value
+                names = self.names
                 if not self.batched:
-                    return dict(zip(self.names, value, strict=True))
+                    return dict(zip(names, value, strict=True))
                 i = row - start
-                return {n: a[i] for n, a in zip(self.names, value, strict=True)}
+                if len(names) == 1:  # the common case, without a comprehension
+                    return {names[0]: value[0][i]}
+                return {n: a[i] for n, a in zip(names, value, strict=True)}
         return RequestCancelled(f"row {row} of work {self.id} ({self.model}) never ran")
 
     def items(self, raising: bool = False) -> Iterator[Outputs | BaseException]:

@@ -147,10 +147,11 @@ class ModelWorker:
         self.view: SessionView | None = None  # the session's tensors, as they are fed and read
         self.shapes: ShapePolicy | None = None  # set by prepare(), before the first run
         self.pool: StatePool | None = None  # a stateful model's lanes: carried outputs go there
-        self.state_on_device = False  # ... or into the session's device slots (prepare())
+        self.state_on_device = False  # ... or into the session's device lanes (prepare())
         self.batch_s: float | None = None  # a max batch's seconds at warm-up (its best run)
         # the session runs a batch in one call (`Session.run`, no launch ahead of collect)
         self.at_once = False
+        self._spans = False  # the session times its device (`take_device_spans`)
         self.probed: OutputProbe | None = None  # the real output shapes (prepare with probe)
         self._backend = backend
         self._device = device
@@ -202,7 +203,7 @@ class ModelWorker:
         for sessions any thread may use, on a worker the engine holds for it). An interrupt
         of the caller (a BaseException that is no Exception, e.g. KeyboardInterrupt) ends
         the run: the batches not yet run end with an error and the result carries it."""
-        result, rest, _ = self._complete(self._launch(run), inline=True)
+        result, rest, _ = self._complete(_InFlight(run, time.perf_counter(), []), inline=True)
         if result.recovering:  # the worker's own thread re-loads the model, then runs the rest
             self._queue.put(_RECOVER)
             if rest is not None:
@@ -275,6 +276,7 @@ class ModelWorker:
             and kind.collect is Session.collect
             and session.last_stages is None
         )
+        self._spans = kind.take_device_spans is not Session.take_device_spans  # times its device
         pad = self.shapes.pad_values if self.shapes is not None else 0.0
         view = SessionView(self.model, session, pad)
         limit = session.max_batch_size
@@ -389,7 +391,8 @@ class ModelWorker:
                 flight.feed = feed
             else:  # `state`: steps whose state is in the session's device lanes
                 flight.starts.append(time.perf_counter())
-                session.launch(feed, view.rows_told(self._rows(run, i)), run.stream, state)
+                rows = min(run.size, run.rows - i * run.size)
+                session.launch(feed, rows if view.batching else 0, run.stream, state)
         except Exception as e:
             return e
         return None
@@ -398,7 +401,7 @@ class ModelWorker:
         """The outputs of batch `i` of the flight's run, launched by `_start`."""
         run, session, view = flight.run, self.session, self.view
         assert session is not None and view is not None
-        n = self._rows(run, i)
+        n = min(run.size, run.rows - i * run.size)
         if flight.steps is not None:
             feed, state = flight.steps
             flight.steps = None
@@ -406,38 +409,36 @@ class ModelWorker:
         if flight.feed is not None:
             feed, flight.feed = flight.feed, None
             flight.starts.append(time.perf_counter())
-            outputs = view.outputs(session.run(feed, view.rows_told(n)), n)
+            outputs = view.outputs(session.run(feed, n if view.batching else 0), n)
         else:
             outputs = view.outputs(session.collect(run.stream), n)
         if self.pool is not None and not self.state_on_device:
             self.pool.write_back(run, outputs)
         return outputs
 
-    def _rows(self, run: Run, i: int) -> int:
-        """Rows of batch `i` of `run`."""
-        return min(run.size, run.rows - i * run.size)
-
     def _complete(
         self, flight: _InFlight, inline: bool = False
     ) -> tuple[RunResult, Run | None, BaseException | None]:
-        """Collect the run's first batch and run the others: its result; the rest of the run
-        where a failure made the worker unhealthy before its last batch (it runs once the
-        model is re-loaded, a run of its own on the same stream); and the exception that
-        must end the thread, if any (never inline: an interrupt there is the result's)."""
+        """Collect the run's first batch (launched by `_launch`; inline: started here) and
+        run the others: its result; the rest of the run where a failure made the worker
+        unhealthy before its last batch (it runs once the model is re-loaded, a run of its
+        own on the same stream); and the exception that must end the thread, if any (never
+        inline: an interrupt there is the result's)."""
         run = flight.run
         ends: list[float] = []
         outcomes: list[Outcome] = []
         failed: list[int] = []
         stages: list[dict[str, float]] = []
         error, stop = flight.error, None
-        batches = run.batches
+        batches = -(-run.rows // run.size)
         first = run.slices[0].work
+        session = self.session
         for i in range(batches):
             if i and first.cancelled and first.requests is None:  # the rest is not run
                 cut = RequestCancelled(f"work {first.id} ({first.model}) was cancelled")
                 outcomes += [cut] * (batches - i)
                 break
-            if i:
+            if i or inline:
                 error = self._start(flight, i)
             if error is None:
                 try:
@@ -446,7 +447,11 @@ class ModelWorker:
                     error = e
                 except BaseException as e:  # KeyboardInterrupt, SystemExit, ...
                     error = stop = e
-            self._stamp(flight, ends, stages)
+            ends.append(time.perf_counter())
+            if len(flight.starts) < len(ends):  # it failed before the backend was called
+                flight.starts.append(ends[-1])
+            if session is not None and session.last_stages is not None:  # a backend's split
+                stages.append(dict(session.last_stages))
             if error is None:
                 self.consecutive_failures = 0
                 continue
@@ -468,15 +473,6 @@ class ModelWorker:
         recovering = not self.healthy and stop is None
         result = RunResult(run, outcomes, timing, stop if inline else None, recovering, bool(rest))
         return result, rest, None if inline else stop
-
-    def _stamp(self, flight: _InFlight, ends: list[float], stages: list[dict[str, float]]) -> None:
-        """A batch of the flight's run ended (ran or failed) now."""
-        ends.append(time.perf_counter())
-        if len(flight.starts) < len(ends):  # it failed before the backend was called
-            flight.starts.append(ends[-1])
-        last = self.session.last_stages if self.session is not None else None
-        if last is not None:  # a backend that splits its runs into stages
-            stages.append(dict(last))
 
     def _failed(self, run: Run, error: BaseException, crash: bool) -> BaseException:
         """Count, log and name a batch's failure; what its rows end with."""
@@ -527,7 +523,7 @@ class ModelWorker:
                 if state is None:  # the state the last step left (its rows first)
                     for out, i, _ in pool.carried:
                         feed[i] = _laid_out(outputs[out], in_axes[i])
-            session.launch(feed, view.rows_told(n), stream, state)
+            session.launch(feed, n if view.batching else 0, stream, state)
             outputs = view.outputs(session.collect(stream), n)
             if k == 0 and state is not None:  # in the device lanes now, for every row
                 state = state.stepped()
@@ -558,7 +554,7 @@ class ModelWorker:
         return RunTiming(
             run.model, self.name, run.stream, run.shape_key, rows, run.size, flight.picked,
             flight.starts, ends, time.perf_counter(), failed, stages, steps, *elements,
-            session.take_device_spans() if session is not None else (),
+            session.take_device_spans() if session is not None and self._spans else (),
         )  # fmt: skip
 
     # -- failures -------------------------------------------------------------------------

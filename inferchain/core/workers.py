@@ -101,5 +101,13 @@ class WorkerSet:
         return None
 
     def open_room(self) -> dict[int, int]:
-        """Per healthy worker (index), the runs it may still take."""
-        return {w.index: self.capacity(w) - self.in_flight[w.index] for w in self.healthy()}
+        """Per healthy worker (index) that may take a run, how many it may still take."""
+        room = {}
+        held, held_max, in_flight = self.held, self._held_max, self.in_flight
+        for w in self.workers:
+            if w.healthy:
+                i = w.index
+                n = (0 if held[i] else held_max[i]) - in_flight[i]
+                if n > 0:
+                    room[i] = n
+        return room
