@@ -7,7 +7,6 @@ them to the ExecutionEngine, which runs the loop.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
 import time
@@ -24,9 +23,8 @@ from inferchain.core.engine import ExecutionEngine
 from inferchain.core.inbox import Inbox
 from inferchain.core.request import Callback, Outputs, Request, RequestState
 from inferchain.core.scheduler import Scheduler
-from inferchain.core.sequence_runner import SequenceRunner
-from inferchain.core.sequences import Sequences
-from inferchain.core.step_batcher import StepBatcher
+from inferchain.core.sequences import Sequences, StatefulModel
+from inferchain.core.state_pool import StatePool
 from inferchain.core.work import Work
 from inferchain.core.workers import WorkerSet
 from inferchain.driver import PipelineDriver, idle_flush
@@ -74,7 +72,7 @@ class OfflineInference:
         self._models: dict[str, LoadedModel] = {}  # after init()
         self._specs: dict[str, WorkSpec] = {}  # after init(): each model's intake
         self._engine: ExecutionEngine | None = None
-        self._sequences = Sequences()  # the step batchers and runners the engine drives
+        self._sequences = Sequences()  # the sequence layer: step batchers, runners (init)
         self._pipeline: Pipeline | None = None
         self._idle_flush = idle_flush(self)  # what map() calls before it blocks
         # processes for a pipeline's GIL-bound host code, started on first use
@@ -95,8 +93,8 @@ class OfflineInference:
         pipeline = pipeline_class(self.recipe) if self.recipe.pipeline else None
         backend = self._backend or make_backend(self.recipe, acl_module=self._acl_module)
         self._backend = backend
-        inbox = Inbox()  # where the workers post their runs' results
-        try:
+        inbox = Inbox(self.metrics.engine_activity, self.recipe.scheduler.max_queue_size)
+        try:  # the workers post their runs' results to `inbox`
             self._models = load_models(self.recipe, backend, inbox.post)
         except BaseException:
             backend.close()
@@ -107,10 +105,7 @@ class OfflineInference:
             self.recipe.models,
             {name: m.memory.request_bytes for name, m in self._models.items()},
         )
-        for name, m in self._models.items():
-            if m.pool is not None:
-                m.steps = step_batcher(m, self.metrics.models[name])
-                self._sequences.batchers[name] = m.steps
+        self._sequences = Sequences(inbox, self._stateful(), self._take_ids)
         inline = not backend.thread_affine  # a caller's thread may run a session
         engine = ExecutionEngine(
             scheduler,
@@ -118,7 +113,6 @@ class OfflineInference:
             self._sequences,
             self.metrics,
             inbox,
-            max_queue_size=self.recipe.scheduler.max_queue_size,
         )
         engine.start()
         self._specs = {
@@ -140,6 +134,19 @@ class OfflineInference:
             seconds=round(time.perf_counter() - started, 3),
         )
         return self
+
+    def _stateful(self) -> dict[str, StatefulModel]:
+        """What the sequence layer needs of each stateful model (its step queue made now)."""
+        found = {}
+        for name, m in self._models.items():
+            if m.pool is not None:
+                c = m.config
+                found[name] = StatefulModel(
+                    m.pool, step_batcher(m, self.metrics.models[name]), m.spec, m.step_names,
+                    m.shapes, c.batch_rows, c.priority, c.timeout_s,
+                    self.metrics.models[name].record_steps_formed,
+                )  # fmt: skip
+        return found
 
     def close(self, drain_timeout: float | None = None) -> None:
         """Stop intake, drain (bounded), cancel the rest, join every thread, release models.
@@ -251,14 +258,8 @@ class OfflineInference:
         -> one item for every row, or `rows` items). Waits up to `timeout` seconds for free
         lanes (`max_sequences` in all), then raises `QueueFull`. Use it as a context
         manager; see `inferchain.sequence`."""
-        engine = self._running_engine()
-        loaded = self._model(model)
-        pool = loaded.pool
-        if pool is None:
-            raise ConfigError(
-                f"{self.recipe.source}: model {model!r} carries no state between steps "
-                "(recipe key `state:`, e.g. {stateN: state}); submit() its items instead"
-            )
+        self._running_engine()
+        pool = self._pool(model, "submit() its items instead")
         if rows < 1:
             raise InvalidInput(f"model {model!r}: a sequence has rows >= 1, got {rows}")
         unknown = sorted(set(state or ()) - set(pool.inputs))
@@ -267,94 +268,7 @@ class OfflineInference:
                 f"model {model!r}: {unknown} are not carried inputs (carried: {list(pool.inputs)})"
             )
         lanes = pool.acquire(dict(state or {}), timeout, rows)
-        steps = loaded.steps
-        assert steps is not None
-        cancel = functools.partial(self._cancel_step, steps)
-
-        def one(inputs: Mapping[str, Any], lane: int, callback: Callback | None) -> Request:
-            item, key = steps.item(inputs, lane)
-            request = steps.request(self._take_ids(1), item, callback, cancel)
-            self._queue_steps(steps, [request], [lane], [item], [key])
-            return request
-
-        def release(lanes: np.ndarray) -> None:  # waiting run_sequence()s may start now
-            pool.release(lanes)
-            engine.wake()
-
-        submit = functools.partial(self._step, model)
-        return LiveSequence(model, pool, lanes, submit, one, release)
-
-    def _step(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        lanes: np.ndarray,
-        options: dict[str, Any],
-        many: bool,
-        before: Callable[[], None] | None = None,
-    ) -> list[Request]:
-        """Submit one step of the sequence on `lanes`: `inputs` of its one row, or (`many`)
-        one row per lane; `before` runs once the inputs are checked (a reorder of the
-        sequence's state). Plain steps join the model's StepBatcher, which forms one Work
-        per step batch; a step with a priority or a timeout is a Work of its own."""
-        unknown = sorted(set(options) - {"priority", "timeout", "callback"})
-        if unknown:
-            raise TypeError(f"step() got unexpected options {unknown}")
-        loaded = self._model(model)
-        steps = loaded.steps
-        assert steps is not None
-        if many:
-            items, keys = steps.rows(inputs, lanes)
-        else:
-            item, key = steps.item(inputs, int(lanes[0]))
-            items, keys = [item], [key]
-        if before is not None:
-            before()
-        first = self._take_ids(len(items))
-        callback = options.get("callback")
-        if options.keys() - {"callback"}:
-            config = loaded.config
-            priority = options.get("priority")
-            prio = config.priority if priority is None else priority
-            timeout = options.get("timeout", config.timeout_s)
-            deadline = None if timeout is None else time.perf_counter() + timeout
-            engine = self._running_engine()
-            requests = [
-                steps.request(first + j, it, callback, engine.cancelled, priority=prio,
-                              deadline=deadline)
-                for j, it in enumerate(items)
-            ]  # fmt: skip
-            work = steps.work_of(first, requests, lanes, items, priority=prio, deadline=deadline)
-            engine.submit(work)
-            return requests
-        cancel = functools.partial(self._cancel_step, steps)
-        requests = [steps.request(first + j, it, callback, cancel) for j, it in enumerate(items)]
-        self._queue_steps(steps, requests, lanes.tolist(), items, keys)
-        return requests
-
-    def _queue_steps(
-        self,
-        steps: StepBatcher,
-        requests: Sequence[Request],
-        lanes: Sequence[int],
-        items: Sequence[tuple[np.ndarray, ...]],
-        keys: Sequence[Any],
-    ) -> None:
-        """Queue steps in their StepBatcher and submit the batches they complete, under its
-        lock: a cancel of one of their steps then reaches the engine after the batch."""
-        engine = self._running_engine()
-        with steps.lock:
-            formed, new_group = steps.add(requests, lanes, items, keys)
-            for work in formed:
-                engine.submit_steps(work)
-        if new_group:
-            engine.wake()  # the loop times the new group's window
-
-    def _cancel_step(self, steps: StepBatcher, request: Request) -> None:
-        """A step request was cancelled: it leaves its StepBatcher, or the engine hears of
-        it where it is in a batch already."""
-        if not steps.cancelled(request) and self._engine is not None:
-            self._engine.cancelled(request)
+        return LiveSequence(model, pool, lanes, self._sequences)
 
     def run_sequence(
         self, model: str, stepper: Stepper, item: Any, *, timeout: float | None = None
@@ -368,46 +282,19 @@ class OfflineInference:
         while it waits for lanes (the engine's loop wakes for it), and its lanes are freed.
         See docs/sequences.md."""
         self._running_engine()
-        loaded = self._model(model)
-        pool = loaded.pool
+        self._pool(model, "run_sequence() needs a stateful model")
+        return self._sequences.start(model, stepper, item, timeout)
+
+    def _pool(self, model: str, instead: str) -> StatePool:
+        """The lanes of the stateful `model`; `ConfigError` (saying what to do `instead`)
+        for a model without state."""
+        pool = self._model(model).pool
         if pool is None:
             raise ConfigError(
                 f"{self.recipe.source}: model {model!r} carries no state between steps "
-                "(recipe key `state:`); run_sequence() needs a stateful model"
+                f"(recipe key `state:`, e.g. {{stateN: state}}); {instead}"
             )
-
-        def make() -> SequenceRunner:
-            return SequenceRunner(
-                pool,
-                loaded.spec,
-                stepper,
-                names=loaded.step_names,
-                shapes=loaded.shapes,
-                batch_rows=loaded.config.batch_rows,
-                cohorts=stepper.cohorts,
-                take_id=lambda: self._take_ids(1),
-                record=self.metrics.models[model].record_steps_formed,
-            )
-
-        runner = self._sequences.runner(model, id(stepper), make)
-        deadline = None if timeout is None else time.perf_counter() + timeout
-
-        def cancel(request: Request) -> None:
-            self._submit_cohorts(runner, runner.cancelled(request))
-
-        request = Request(self._take_ids(1), model, deadline=deadline, on_cancel=cancel)
-        self._submit_cohorts(runner, runner.submit(request, item))
-        if deadline is not None:
-            self._running_engine().wake()  # the loop times the deadline while it waits
-        return request
-
-    def _submit_cohorts(self, runner: SequenceRunner, works: list[Work]) -> None:
-        """Hand a runner's step batches to the engine; one it refuses ends its sequences."""
-        for work in works:
-            try:
-                self._running_engine().submit_steps(work)
-            except Exception as e:  # e.g. Closed: the engine is stopping
-                runner.refused(work, e)
+        return pool
 
     def flush(self, *, steps: bool = True, batches: bool | Literal["if_stalled"] = True) -> None:
         """Send what waits for others to form a batch now: the queued `steps` of sequences
@@ -416,13 +303,8 @@ class OfflineInference:
         models; with `batches="if_stalled"`, those only when nothing else is left to run.
         `run()` flushes fill batches when its input ends (and, if stalled, when it cannot
         start more items); `wait_all()` and `close()` flush everything first."""
-        engine = self._engine
-        for m in self._models.values():
-            batcher = m.steps
-            if steps and batcher is not None and batcher.num_pending and engine is not None:
-                with batcher.lock:
-                    for work in batcher.flush():
-                        engine.submit_steps(work)
+        if steps and self._engine is not None:
+            self._sequences.flush()
         if batches and self._engine is not None:
             self._engine.flush(if_stalled=batches == "if_stalled")
 

@@ -33,7 +33,6 @@ class LoadedModel:
     info: ModelInfo  # inputs, outputs, metadata
     memory: MemoryPlan  # its row of the memory budget table
     pool: StatePool | None = None  # a stateful model's sequence lanes (recipe `state:`)
-    steps: StepBatcher | None = None  # its sequences' next steps, until they form batches
 
     @property
     def output_names(self) -> tuple[str, ...]:

@@ -21,27 +21,19 @@ once per sequence and step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from inferchain.closing import Closing
 from inferchain.core.request import Request, RequestState
+from inferchain.core.sequences import Sequences
 from inferchain.core.state_pool import StatePool
 from inferchain.core.step_batcher import STEP_COHORTS
 from inferchain.errors import Closed, InvalidInput, RequestError
 
 __all__ = ["LiveSequence", "Stepper"]
-
-# (inputs, lanes, options, many rows, before): the step's requests; OfflineInference._step
-SubmitStep = Callable[
-    [Mapping[str, Any], np.ndarray, dict[str, Any], bool, Callable[[], None] | None],
-    list[Request],
-]
-StepOne = Callable[[Mapping[str, Any], int, Any], Request]  # (inputs, lane, callback)
-Release = Callable[[np.ndarray], None]  # gives a closed sequence's lanes back
-
 
 class Stepper:
     """The host logic of many sequences of one model at once (`oi.run_sequence`).
@@ -110,26 +102,17 @@ class LiveSequence(Closing):
     """One sequence of `model`: its lanes, and its steps in order (one at a time)."""
 
     def __init__(
-        self,
-        model: str,
-        pool: StatePool,
-        lanes: np.ndarray,
-        submit: SubmitStep,
-        step_one: StepOne | None = None,
-        release: Release | None = None,
+        self, model: str, pool: StatePool, lanes: np.ndarray, sequences: Sequences
     ) -> None:
-        """`submit` takes any step; `step_one`, a plain step of a one-row sequence (the
-        fast path of `step()`, with no option but a callback); `release` gives the lanes
-        back once the sequence is closed and its last step has ended (default: to the
-        pool)."""
+        """The sequence of `model` on `lanes` of its `pool`; its steps go through the
+        sequence layer (`sequences`), which frees the lanes once it is closed and its last
+        step has ended."""
         self.model = model
         self.lanes = lanes  # its rows in every carried-state array of the pool
         self.rows = len(lanes)
         self.steps = 0  # steps submitted so far
         self._pool = pool
-        self._submit = submit
-        self._one = step_one
-        self._release = release or pool.release
+        self._sequences = sequences
         self._lane = int(lanes[0])
         self._last: list[Request] = []
         self._closed = False
@@ -154,19 +137,20 @@ class LiveSequence(Closing):
             )
         last = self._last
         if (
-            self._one is not None
-            and not self._closed
+            not self._closed
             and (not last or last[0].state is RequestState.DONE)
             and isinstance(inputs, dict)
             and options.keys() <= {"callback"}
             and self._pool.inputs.keys().isdisjoint(inputs)
             and not self._pool.lost(self.lanes)
         ):
-            request = self._one(inputs, self._lane, options.get("callback"))
+            request = self._sequences.step_one(
+                self.model, inputs, self._lane, options.get("callback")
+            )
             self._last = [request]
         else:
             self._check(inputs)
-            self._last = self._submit(inputs, self.lanes, options, False, None)
+            self._last = self._sequences.step(self.model, inputs, self.lanes, options, False)
         self.steps += 1
         return self._last[0]
 
@@ -192,7 +176,8 @@ class LiveSequence(Closing):
         pool, lanes = self._pool, self.lanes
         # row j goes on from the state of its row order[j]: a gather within its own lanes
         before = None if reorder is None else lambda: pool.move(lanes, lanes[order])
-        requests = self._submit(inputs, lanes, options, True, before)  # reorders once checked
+        # reorders once checked
+        requests = self._sequences.step(self.model, inputs, lanes, options, True, before)
         self._last = requests
         self.steps += 1
         return requests
@@ -232,7 +217,12 @@ class LiveSequence(Closing):
         if self._closed:
             return
         self._closed = True
-        release, lanes, last = self._release, self.lanes, self._last
+        lanes, last = self.lanes, self._last
+        model, sequences = self.model, self._sequences
+
+        def release(lanes: np.ndarray) -> None:
+            sequences.release(model, lanes)
+
         if not last:
             release(lanes)
             return

@@ -11,8 +11,9 @@ runs them when asked (the inline executor). Results are posted as a worker posts
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -20,8 +21,9 @@ from inferchain.config import ModelConfig
 from inferchain.core.engine import ExecutionEngine
 from inferchain.core.records import Run, RunResult, RunTiming
 from inferchain.core.request import Request, RequestState
-from inferchain.core.sequence_runner import SequenceRunner
+from inferchain.core.sequences import StatefulModel
 from inferchain.core.state_pool import StatePool
+from inferchain.core.step_batcher import StepBatcher
 from inferchain.core.work import StepRows, Work
 from inferchain.errors import BackendError
 from inferchain.inputs import InputSpec
@@ -89,12 +91,18 @@ class Harness:
         workers: int = 1,
         inline: bool = False,
         batch_s: float | None = None,
+        stateful: Mapping[str, StatefulModel] | None = None,
     ) -> None:
-        """`batch_s`: how long the workers' batches took at warm-up (None: never timed)."""
+        """`batch_s`: how long the workers' batches took at warm-up (None: never timed);
+        `stateful`: the sequence layer's models (its request ids from 100)."""
         self.workers = [FakeWorker(i) for i in range(workers)]
         for w in self.workers:
             w.batch_s = batch_s
-        self.engine: ExecutionEngine = create_engine(model, self.workers, inline=inline)
+        ids = itertools.count(100)
+        self.engine: ExecutionEngine = create_engine(
+            model, self.workers, inline=inline, stateful=stateful,
+            take_ids=lambda n: next(ids) if n == 1 else 0,
+        )  # fmt: skip
         self.next_id = 1
 
     def work(self, rows: int = 1, *, per_item: bool = True, at: float = T0) -> Work:
@@ -230,7 +238,7 @@ def test_results_reach_the_requests_and_the_bulk_work_of_their_rows() -> None:
     got = np.stack([item["y"] for item in bulk.items()])  # type: ignore[index]
     np.testing.assert_array_equal(got, np.arange(3)[:, None] + np.full((3, 4), 4000.5))
     assert h.engine.wait_all(0)
-    assert h.engine.ledger.live == {}
+    assert h.engine._inbox.live == {}
 
 
 def test_a_failed_batch_fails_exactly_its_rows() -> None:
@@ -272,7 +280,7 @@ def test_a_cancelled_ready_request_is_not_dispatched_and_its_work_still_settles(
     h.finish(h.dispatched()[1])
     h.step(T0 + WINDOW)
     assert [r.state for r in ready] == [S.DONE, S.CANCELLED, S.DONE, S.CANCELLED, S.CANCELLED]
-    assert h.engine.wait_all(0) and h.engine.ledger.live == {}
+    assert h.engine.wait_all(0) and h.engine._inbox.live == {}
 
 
 def test_a_cancel_taken_in_the_step_that_admits_its_work_is_not_dispatched() -> None:
@@ -331,24 +339,17 @@ class CountingStepper:
 
 def test_a_steppers_code_runs_after_the_step_and_its_next_batch_goes_in_the_next() -> None:
     config = create_model(delay_ms=WINDOW * 1e3)
-    h = Harness(config)
     desc = [TensorDesc("x", (None, 4), np.float32)]
     shapes = ShapePolicy(config, desc, [TensorDesc("y", (None, 4), np.float32)])
+    pool = StatePool("m", [], [], [], 4)
+    spec = InputSpec("m", desc, batching=True)
+    queue = StepBatcher(pool, spec, names=("y",), shapes=shapes, batch_rows=4, delay_s=1.0,
+                        cohorts=1)  # fmt: skip
+    stateful = {"m": StatefulModel(pool, queue, spec, ("y",), shapes, 4, 0, None)}
+    h = Harness(config, stateful=stateful)
     stepper = CountingStepper(h.engine)
-    ids = iter(range(100, 200))
-    runner = SequenceRunner(
-        StatePool("m", [], [], [], 4),
-        InputSpec("m", desc, batching=True),
-        stepper,
-        names=("y",),
-        shapes=shapes,
-        batch_rows=4,
-        take_id=lambda: next(ids),
-    )
-    h.engine._sequences.runner("m", id(stepper), lambda: runner)  # as run_sequence() does
-    request = Request(1, "m")
-    for work in runner.submit(request, 1.0):  # the caller's thread: its first step batch
-        h.engine.submit_steps(work)
+    request = h.engine._sequences.start("m", stepper, 1.0)  # as run_sequence() does
+    assert request.id == 100  # the harness's ids
     h.step(T0)
     (first,) = h.dispatched()
     h.finish(first)
@@ -386,7 +387,7 @@ def pinned_steps(h: Harness, worker: int, rows: int = 1) -> Work:
                           names=("y",), submitted=T0)  # fmt: skip
     h.next_id += 1
     work.arm()
-    h.engine.submit_steps(work)
+    h.engine.submit(work, block=False)
     return work
 
 

@@ -173,16 +173,16 @@ def test_a_dependency_on_a_long_failed_id_still_fails(
 ) -> None:
     """Failed requests are kept whole up to a bound; past it only the fact of the failure
     is kept, and depends_on=[id] still fails with DependencyFailed, never counts as DONE."""
-    import inferchain.core.ledger as ledger
+    import inferchain.core.inbox as inbox
 
-    monkeypatch.setattr(ledger, "_FAILED_KEPT", 4)
+    monkeypatch.setattr(inbox, "_FAILED_KEPT", 4)
     x = np.ones(64, np.float32)
     with ic.OfflineInference(mlp_recipe(mlp_path)) as oi:
         failed = oi.submit_many("mlp", [x] * 12, timeout=0.0)  # deadline already passed
         oi.wait_all()
         assert all(r.state is S.TIMED_OUT for r in failed)
         first = failed[0].id
-        assert oi._engine is not None and first not in oi._engine.ledger.failed  # pushed out
+        assert oi._engine is not None and first not in oi._engine._inbox.failed  # pushed out
         doomed = oi.submit("mlp", x, depends_on=[first])
         with pytest.raises(ic.DependencyFailed, match=f"depends on request {first}"):
             doomed.result(timeout=30)

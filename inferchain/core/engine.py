@@ -71,10 +71,9 @@ class ExecutionEngine:
         sequences: Sequences,
         metrics: Metrics,
         inbox: Inbox,
-        *,
-        max_queue_size: int,
     ) -> None:
-        """Everything it drives, built before it: the workers post to `inbox`."""
+        """Everything it drives, built before it: the workers and the sequence layer post
+        to `inbox`."""
         self._scheduler = scheduler
         self._models = {m.name: m for m in models}
         self._sequences = sequences
@@ -90,9 +89,7 @@ class ExecutionEngine:
         self._halted = False  # close() stopped the workers: nothing more is dispatched
         self._callbacks = CallbackThread()
         batchers = {name: m.batcher for name, m in self._models.items()}
-        self.ledger = Ledger(  # its counters are thread-shared
-            scheduler, sequences, self._callbacks, metrics.engine_activity, batchers, max_queue_size
-        )
+        self.ledger = Ledger(scheduler, sequences, self._callbacks, inbox, batchers)
         self._thread = threading.Thread(target=self._loop, name="inferchain-engine", daemon=True)
 
     # -- life cycle -----------------------------------------------------------------------
@@ -118,7 +115,7 @@ class ExecutionEngine:
             w.stop()
         for w in workers:
             w.join()
-        self.ledger.stop()
+        self._inbox.stop()
         self._inbox.wake()
         if self._thread.is_alive():
             self._thread.join()
@@ -129,16 +126,7 @@ class ExecutionEngine:
 
     def submit(self, work: Work, block: bool = True) -> None:
         """Queue a WAITING work; blocks (or raises `QueueFull`) at `max_queue_size` rows."""
-        self.ledger.enqueue(work, block=block, bounded=True)
-        self._inbox.submitted.append(work)
-        self._inbox.wake()
-
-    def submit_steps(self, work: Work) -> None:
-        """Queue a batch of sequence steps (any thread). Never blocks: steps are bounded by
-        the model's `max_sequences`, one each at most."""
-        self.ledger.enqueue(work, block=False, bounded=False)
-        self._inbox.submitted.append(work)
-        self._inbox.wake()
+        self._inbox.submit(work, block=block, bounded=True)
 
     def run_until(self, work: Work) -> bool:
         """Submit a bulk `work` and step the engine on this thread while it can run here (a
@@ -147,8 +135,7 @@ class ExecutionEngine:
         finished, False where it waits for the loop and the worker threads (`work.wait()`
         returns once they finished it). An interrupt of this thread in a run (e.g.
         KeyboardInterrupt) ends the work's rows not yet run, then is raised here."""
-        self.ledger.enqueue(work, block=True, bounded=True)
-        self._inbox.submitted.append(work)
+        self._inbox.submit(work, block=True, bounded=True, wake=False)  # stepped here
         result: RunResult | None = None
         while True:
             with self._lock:
@@ -203,8 +190,7 @@ class ExecutionEngine:
 
     def cancelled(self, item: Request | Work) -> None:
         """A request was cancelled, or a work's untaken rows should be (any thread)."""
-        self._inbox.cancelled.append(item)
-        self._inbox.wake()
+        self._inbox.cancel(item)
 
     def wake(self) -> None:
         """Make the loop step soon (any thread)."""
@@ -221,16 +207,16 @@ class ExecutionEngine:
         for work in works:
             if work.requests is None:
                 work.cancel()
-        return self.ledger.cancel_live()
+        return self._inbox.cancel_live()
 
     def wait_all(self, timeout: float | None = None) -> bool:
         """WaitForAllTaskDone: True once every submitted work has finished and no worker is
         re-initialising (within `timeout` seconds in all)."""
-        return self.ledger.wait_all(timeout)
+        return self._inbox.wait_all(timeout)
 
     def lookup(self, id: int) -> Request | None:
         """Request `id` while it is live or after it ended without outputs (any thread)."""
-        return self.ledger.lookup(id)
+        return self._inbox.lookup(id)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -240,7 +226,7 @@ class ExecutionEngine:
         while True:
             if timeout != 0.0:
                 inbox.sleep(timeout)
-            if self.ledger.stopping:
+            if inbox.stopping:
                 return
             try:
                 timeout = self._step_and_after(time.perf_counter())
@@ -305,8 +291,7 @@ class ExecutionEngine:
             request.notify_listeners()  # a listener's bug strands neither the others nor steps
         works = self._sequences.after(landed, time.perf_counter())
         for work in works:
-            self.ledger.enqueue(work, block=False, bounded=False, refuse=False)
-            self._inbox.submitted.append(work)
+            self._inbox.submit(work, block=False, bounded=False, refuse=False, wake=False)
         return bool(works)
 
     # -- the phases of a step (under `_lock`) ---------------------------------------------
@@ -320,7 +305,7 @@ class ExecutionEngine:
             if type(record) is RunResult:
                 self._on_result(record)
             else:  # healthy again after a re-load, or dead
-                self.ledger.recovering_changed(-1)
+                self._inbox.recovering_changed(-1)
 
     def _take_submissions(self, now: float) -> None:
         """Phase 2: new works into the Scheduler, then the cancels. Cancels are taken
@@ -344,8 +329,8 @@ class ExecutionEngine:
     def _take_due_steps(self, now: float) -> float:
         """Phase 3: sequence steps that leave now; returns when the next window ends."""
         works, next_due = self._sequences.due(now)
-        for work in works:
-            self.ledger.enqueue(work, block=False, bounded=False, refuse=False)
+        for work in works:  # taken in at once, by this step
+            self._inbox.register(work)
             self._scheduler.add(work)
         return next_due
 
@@ -354,7 +339,7 @@ class ExecutionEngine:
         self._models[work.model].batcher.add(work)
         if work.requests is not None:
             advance(work.requests, S.READY, work.lock, now)
-        self.ledger.unqueue(work.rows)
+        self._inbox.unqueue(work.rows)
 
     def _apply(self, plan: Plan) -> None:
         now = time.perf_counter()  # not the step's: a dependency may have ended within it
@@ -415,16 +400,13 @@ class ExecutionEngine:
             key, partial, pin, due_at = batcher.due(now, all_idle, skip, caller)
             if key is None:
                 return due_at
-            if pin is not None:
-                if pin not in room:  # its instance is busy or dead: the group waits or fails
-                    if not self._pinned_dead(model, key):
-                        skip.add(key)
-                    continue
-                i = pin
-            elif len(room) == 1:
+            if pin is None and len(room) == 1:
                 (i,) = room
-            else:  # the least loaded first: fewest runs in flight, then the most room
-                i = min(room, key=lambda k: (in_flight[k], -room[k]))
+            else:
+                found = self._route(model, key, pin, room, skip)
+                if found is None:
+                    continue
+                i = found
             worker = model.workers[i]
             inline = here and in_flight[i] == 0
             slices, rows = batcher.take(key, model.batches[i], partial)
@@ -451,18 +433,31 @@ class ExecutionEngine:
                 worker.dispatch(run)
         return _INF
 
-    def _pinned_dead(self, model: WorkerSet, key: BatchKey) -> bool:
-        """The instance group `key` is pinned to is dead: its rows fail (the state of their
-        sequences went with it); True when so."""
-        pin = model.batcher.pinned(key)
-        if pin is None or not model.workers[pin].dead:
-            return False
-        error = BackendError(
-            f"model {model.name!r}: instance {pin}, which held these sequences' state, is dead"
-        )
-        for work in model.batcher.drop_group(key):
-            self.ledger.drop_rows(work, error, S.ERROR)
-        return True
+    def _route(
+        self,
+        model: WorkerSet,
+        key: BatchKey,
+        pin: int | None,
+        room: dict[int, int],
+        skip: set[BatchKey],
+    ) -> int | None:
+        """The worker (index) group `key`'s next run goes to: the least loaded with room
+        (fewest runs in flight, then the most room), or the instance its sequence steps
+        are pinned to; None while that one has no room (the group waits: `skip`), or when
+        it is dead (the group's rows fail: the state of their sequences went with it)."""
+        if pin is None:
+            return min(room, key=lambda k: (model.in_flight[k], -room[k]))
+        if pin in room:
+            return pin
+        if model.workers[pin].dead:
+            error = BackendError(
+                f"model {model.name!r}: instance {pin}, which held these sequences' state, is dead"
+            )
+            for work in model.batcher.drop_group(key):
+                self.ledger.drop_rows(work, error, S.ERROR)
+        else:
+            skip.add(key)
+        return None
 
     # -- settling a run -------------------------------------------------------------------
 
@@ -479,26 +474,8 @@ class ExecutionEngine:
         else:
             model.give_back_stream(run.worker, run.stream)
         if result.recovering:
-            self.ledger.recovering_changed(+1)
+            self._inbox.recovering_changed(+1)
         self._metrics.models[run.model].record_run(result.timing, run)
-        if log.enabled(logging.INFO):
-            self._log_run(result)
+        if log.enabled(logging.INFO):  # the canonical line per run, where asked for
+            log_safely(log.info, "run", **result.log_fields())
         self.ledger.end_run(result, model)
-
-    def _log_run(self, result: RunResult) -> None:
-        """The canonical line per run, where the application enabled info events."""
-        t = result.timing
-        log_safely(
-            log.info,
-            "run",
-            model=t.model,
-            worker=t.worker,
-            stream=t.stream,
-            rows=t.rows,
-            batches=len(t.ends),
-            failed=list(t.failed),
-            shape=[list(s) for s in t.shape_key],
-            run_ms=round(sum(e - s for s, e in zip(t.starts, t.ends, strict=True)) * 1e3, 3),
-            wall_ms=round((t.end - t.picked) * 1e3, 3),
-            work_ids=sorted({s.work.id for s in result.run.slices}),
-        )

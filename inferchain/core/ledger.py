@@ -1,15 +1,13 @@
-"""The engine's ledger: the works in flight and their rows until each has ended.
+"""The engine's ledger: the rows of the works in flight, until each has ended.
 
 Rows end here, whatever ended them (a run's outcomes, a cancel, a deadline, a failed
 dependency, a dead model, the engine's close): their outputs or error go to their Work and
-Requests, a work whose every row has ended is finished (the Scheduler releases what it held)
-and `wait_all()` hears of it. The engine calls it under its lock; the counters it keeps for
-other threads (the queue bound, the works outstanding) are under locks of their own.
+Requests, and a work whose every row has ended is finished (the Scheduler releases what it
+held, the inbox's books let `wait_all()` hear of it). The engine calls it under its lock.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -17,20 +15,19 @@ import numpy as np
 
 from inferchain.core.batcher import ModelBatcher
 from inferchain.core.callbacks import CallbackThread
+from inferchain.core.inbox import Inbox
 from inferchain.core.records import RunResult
 from inferchain.core.request import Request, RequestState, conclude
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.sequences import Sequences
 from inferchain.core.work import Work, row_outputs
-from inferchain.errors import Closed, QueueFull, RequestCancelled, RequestError
+from inferchain.errors import RequestCancelled
 from inferchain.shapes import crop_rows
-from inferchain.utilisation import Activity
 
 if TYPE_CHECKING:
     from inferchain.core.workers import WorkerSet
 
 S = RequestState
-_FAILED_KEPT = 65536  # failed requests remembered whole for depends_on by id (then a bit)
 
 
 class Ledger:
@@ -41,104 +38,17 @@ class Ledger:
         scheduler: Scheduler,
         sequences: Sequences,
         callbacks: CallbackThread,
-        activity: Activity,
+        inbox: Inbox,
         batchers: Mapping[str, ModelBatcher],
-        max_queue_size: int,
     ) -> None:
         self._scheduler = scheduler
-        self._batchers = batchers  # per model: the one writer of its works' `taken`
         self._sequences = sequences
         self._callbacks = callbacks
-        self._activity = activity  # the engine's "something is in flight" clock
-        self._max_queue = max_queue_size  # rows submitted and not yet admitted, at most
+        self._inbox = inbox  # the books: what is in flight, the requests by id
+        self._batchers = batchers  # per model: the one writer of its works' `taken`
         # left by a step for after it (the loop's thread): written under the engine's lock
         self.landed: list[Work] = []  # runners' step batches that finished
         self.listening: list[Request] = []  # requests that ended with done-listeners
-        # thread-shared counters, each under its lock
-        self._space_lock = threading.Lock()  # guards _queued, _space_waiters, stopping
-        self._space = threading.Condition(self._space_lock)  # full queues wait here
-        self._queued = 0  # rows submitted, not yet admitted nor dropped
-        self._space_waiters = 0
-        self.stopping = False
-        self._drains = threading.Lock()  # guards _outstanding (taken as is on hot paths)
-        self._drained = threading.Condition(self._drains)  # ... and wait_all waits on it
-        self._outstanding = 0  # works submitted, not yet finished
-        self._recovering = 0  # workers re-initialising after failures
-        self._waiting = 0  # callers in wait_all (told when the last work finishes)
-        self.live: dict[int, Request] = {}  # requests not yet terminal, by id
-        self.failed: dict[int, Request] = {}  # the latest that ended without outputs
-        self._failed_ids = bytearray()  # one bit per request id: it ended without outputs
-
-    # -- intake (any thread) --------------------------------------------------------------
-
-    def enqueue(self, work: Work, *, block: bool, bounded: bool, refuse: bool = True) -> None:
-        """Count the rows of `work` against the queue (waiting, or raising `QueueFull`
-        without `block`, at `max_queue_size` rows where `bounded`) and register it;
-        `refuse`: raise `Closed` once the engine is stopping."""
-        rows = work.rows
-        with self._space_lock:
-            if refuse and self.stopping:
-                raise Closed("the engine is stopped")
-            if bounded and self._queued + rows > self._max_queue and self._queued > 0:
-                if not block:
-                    raise QueueFull(
-                        f"waiting queue is full ({self._queued}/{self._max_queue} rows)"
-                    )
-                self._space_waiters += 1
-                try:
-                    self._space.wait_for(
-                        lambda: (
-                            self.stopping
-                            or self._queued + rows <= self._max_queue
-                            or self._queued == 0
-                        )
-                    )
-                finally:
-                    self._space_waiters -= 1
-                if self.stopping:
-                    raise Closed("the engine is stopped")
-            self._queued += rows
-        with self._drains:  # the condition's lock itself: no Python frame of a Condition's
-            self._outstanding += 1
-            if self._outstanding == 1:  # the engine has something in flight again
-                self._activity.enter()
-        requests = work.requests
-        if requests is not None:
-            if work.steps is not None:  # sequence steps: their ids are not consecutive
-                self.live.update((r.id, r) for r in requests)
-            else:
-                self.live.update(zip(range(work.id, work.id + work.rows), requests, strict=True))
-
-    def unqueue(self, rows: int) -> None:
-        """`rows` left the waiting queue (admitted, or dropped before)."""
-        with self._space_lock:
-            self._queued -= rows
-            if self._space_waiters:
-                self._space.notify_all()
-
-    def stop(self) -> None:
-        """Refuse every later submission and wake the callers waiting for room."""
-        with self._space:
-            self.stopping = True
-            self._space.notify_all()
-
-    def wait_all(self, timeout: float | None) -> bool:
-        """True once every work registered has finished and no worker is re-initialising
-        (within `timeout` seconds)."""
-        with self._drained:
-            self._waiting += 1
-            try:
-                return self._drained.wait_for(
-                    lambda: self._outstanding == 0 and self._recovering <= 0, timeout
-                )
-            finally:
-                self._waiting -= 1
-
-    def recovering_changed(self, by: int) -> None:
-        """A worker began re-initialising (+1), or is healthy again or dead (-1)."""
-        with self._drained:
-            self._recovering += by
-            self._drained.notify_all()
 
     # -- ending rows (under the engine's lock) --------------------------------------------
 
@@ -235,7 +145,7 @@ class Ledger:
         step batch goes to its runner after the step."""
         if work.state is S.WAITING:
             self._scheduler.drop(work)
-            self.unqueue(work.rows)
+            self._inbox.unqueue(work.rows)
         else:
             if work.taken < work.rows:  # e.g. its last rows' requests were cancelled while READY
                 self._batchers[work.model].forget(work)
@@ -244,57 +154,19 @@ class Ledger:
         steps = work.steps
         if steps is not None and steps.cohort is not None:
             self.landed.append(work)
-        with self._drains:
-            self._outstanding -= 1
-            if self._outstanding == 0:
-                self._activity.leave()
-                if self._waiting:
-                    self._drained.notify_all()
+        self._inbox.finished()
 
     def _ended(self, requests: Iterable[Request]) -> None:
         """Bookkeeping of requests that just ended."""
-        live = self.live
+        inbox = self._inbox
+        live = inbox.live
         scheduler = self._scheduler
         put = self._callbacks.put
         for r in requests:
             live.pop(r.id, None)
             if r.outputs is None:
-                self._remember_failed(r)
+                inbox.remember_failed(r)
             if scheduler.watches(r.id):
                 scheduler.dependency_ended(r)
             if r.callback is not None:
                 put(r)
-
-    def _remember_failed(self, r: Request) -> None:
-        failed = self.failed
-        failed[r.id] = r  # remembered so that depends_on=[id] fails later too
-        if len(failed) > _FAILED_KEPT:
-            failed.pop(next(iter(failed)), None)
-        byte = r.id >> 3
-        bits = self._failed_ids
-        if byte >= len(bits):
-            bits.extend(bytes(max(byte + 1 - len(bits), len(bits))))
-        bits[byte] |= 1 << (r.id & 7)
-
-    # -- requests by id (any thread) ------------------------------------------------------
-
-    def cancel_live(self) -> int:
-        """Cancel every live request not yet running; returns how many were."""
-        return sum(1 for r in list(self.live.values()) if r.state <= S.READY and r.cancel())
-
-    def lookup(self, id: int) -> Request | None:
-        """Request `id` while it is live or after it ended without outputs; a stand-in
-        ended in ERROR where only the fact of its failure is still kept; None once it
-        finished DONE (or was never submitted)."""
-        found = self.live.get(id) or self.failed.get(id)
-        if found is not None:
-            return found
-        byte = id >> 3
-        bits = self._failed_ids
-        if 0 <= byte < len(bits) and bits[byte] >> (id & 7) & 1:
-            gone = Request(id, "(forgotten)")
-            gone.try_transition(S.ERROR, error=RequestError(
-                f"request {id} failed (only the fact is kept after {_FAILED_KEPT} later failures)"
-            ))  # fmt: skip
-            return gone
-        return None

@@ -164,6 +164,22 @@ class RunResult(NamedTuple):
     recovering: bool = False  # the worker turned unhealthy with it: a WorkerChanged follows
     continues: bool = False  # the run's rest follows on the same stream, after the re-load
 
+    def log_fields(self) -> dict[str, object]:
+        """The fields of the one log line per run (the engine's, at info level)."""
+        t = self.timing
+        return {
+            "model": t.model,
+            "worker": t.worker,
+            "stream": t.stream,
+            "rows": t.rows,
+            "batches": len(t.ends),
+            "failed": list(t.failed),
+            "shape": [list(s) for s in t.shape_key],
+            "run_ms": round(sum(e - s for s, e in zip(t.starts, t.ends, strict=True)) * 1e3, 3),
+            "wall_ms": round((t.end - t.picked) * 1e3, 3),
+            "work_ids": sorted({s.work.id for s in self.run.slices}),
+        }
+
 
 def failed_run(run: Run, worker: str, error: BaseException, at: float) -> RunResult:
     """The result of a run none of whose batches ran (`worker`'s), each ended by `error`."""

@@ -1,12 +1,14 @@
-"""Sequences: the engine's one seam into the sequence layer.
+"""Sequences: the sequence layer's one object, for the engine below and for the callers above.
 
 The sequence layer is the StatePool of each stateful model (`state_pool`), its StepBatcher
 (`step_batcher`: the steps of `oi.sequence()`, until they make a batch) and the
-SequenceRunners of its steppers (`sequence_runner`: `oi.run_sequence()`). The engine drives
-them through this one object, as it drives the Scheduler: it calls down and gets Works back.
-Nothing here calls the engine or holds one of its callbacks.
+SequenceRunners of its steppers (`sequence_runner`: `oi.run_sequence()`). It owns them:
+callers (a `LiveSequence`, `OfflineInference.run_sequence`) step sequences through it, and
+it submits the step batches they form to the engine's `Inbox`, a record each, as any caller
+submits Works. The engine drives it as it drives the Scheduler: it calls down and gets
+Works back; nothing here calls the engine.
 
-Two kinds of call, by what they may run:
+Two kinds of engine call, by what they may run:
 - under the engine's lock, no user code: `due` (step groups whose window passed, or whose
   every open row has stepped), `landing` (steps of a formed group end), `num_pending`,
   `next_deadline`;
@@ -18,34 +20,203 @@ Two kinds of call, by what they may run:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
-from inferchain.core.sequence_runner import SequenceRunner
+import attrs
+import numpy as np
+
+from inferchain.core.inbox import Inbox
+from inferchain.core.request import Callback, Request
+from inferchain.core.sequence_runner import SequenceRunner, Stepping
+from inferchain.core.state_pool import StatePool
 from inferchain.core.step_batcher import StepBatcher
 from inferchain.core.work import Work
+from inferchain.inputs import InputSpec
+from inferchain.shapes import ShapePolicy
+
+TakeIds = Callable[[int], int]  # n -> the first of n new request ids (raises once closed)
+_OPTIONS = frozenset({"priority", "timeout", "callback"})
+
+
+@attrs.frozen(eq=False)
+class StatefulModel:
+    """What the sequence layer knows of one stateful model (built at `init()`)."""
+
+    pool: StatePool  # its sequences' lanes of carried state
+    batcher: StepBatcher  # the queued steps of its live sequences
+    spec: InputSpec  # what one step must look like
+    names: tuple[str, ...]  # the outputs a step gives
+    shapes: ShapePolicy
+    batch_rows: int
+    priority: int  # the recipe's defaults for a step's options
+    timeout_s: float | None
+    record: Callable[[int], None] | None = None  # told the open rows as step batches form
 
 
 class Sequences:
     """Every stateful model's StepBatcher and every SequenceRunner of this engine."""
 
-    def __init__(self) -> None:
-        self.batchers: dict[str, StepBatcher] = {}  # by model; set at init, then read-only
+    def __init__(
+        self,
+        inbox: Inbox | None = None,
+        models: Mapping[str, StatefulModel] | None = None,
+        take_ids: TakeIds | None = None,
+    ) -> None:
+        """`inbox`: where the step batches go (the engine's); `take_ids`: the facade's id
+        source. Without them (an engine that runs no sequences) it only answers the
+        engine."""
+        self._inbox = inbox or Inbox()
+        self.models: Mapping[str, StatefulModel] = dict(models or {})
+        self.batchers = {name: m.batcher for name, m in self.models.items()}
+        self._take_ids = take_ids or (lambda n: 0)
         self._runners: dict[tuple[str, int], SequenceRunner] = {}  # by (model, stepper id)
         self._runner_list: tuple[SequenceRunner, ...] = ()  # read by the loop without a lock
         self._lock = threading.Lock()  # guards _runners
 
-    def runner(self, model: str, key: int, make: Callable[[], SequenceRunner]) -> SequenceRunner:
-        """The runner of `model` for the stepper `key` (its id), made once (any thread)."""
-        with self._lock:
-            found = self._runners.get((model, key))
-            if found is None:
-                found = self._runners[(model, key)] = make()
-                self._runner_list = (*self._runner_list, found)
-            return found
+    # -- the callers' side (any thread) ---------------------------------------------------
+
+    def step(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        lanes: np.ndarray,
+        options: Mapping[str, Any],
+        many: bool,
+        before: Callable[[], None] | None = None,
+    ) -> list[Request]:
+        """Submit one step of the sequence on `lanes`: `inputs` of its one row, or (`many`)
+        one row per lane; `before` runs once the inputs are checked (a reorder of the
+        sequence's state). Plain steps join the model's StepBatcher, which forms one Work
+        per step batch; a step with a priority or a timeout is a Work of its own."""
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise TypeError(f"step() got unexpected options {unknown}")
+        m = self.models[model]
+        steps = m.batcher
+        if many:
+            items, keys = steps.rows(inputs, lanes)
+        else:
+            item, key = steps.item(inputs, int(lanes[0]))
+            items, keys = [item], [key]
+        if before is not None:
+            before()
+        first = self._take_ids(len(items))
+        callback = options.get("callback")
+        if options.keys() - {"callback"}:
+            priority = options.get("priority")
+            prio = m.priority if priority is None else priority
+            timeout = options.get("timeout", m.timeout_s)
+            deadline = None if timeout is None else time.perf_counter() + timeout
+            cancel = self._inbox.cancel
+            requests = [
+                steps.request(first + j, it, callback, cancel, priority=prio, deadline=deadline)
+                for j, it in enumerate(items)
+            ]
+            work = steps.work_of(first, requests, lanes, items, priority=prio, deadline=deadline)
+            self._inbox.submit(work, block=True, bounded=True)
+            return requests
+        queued = self._cancel_step(steps)
+        requests = [steps.request(first + j, it, callback, queued) for j, it in enumerate(items)]
+        self._queue(steps, requests, lanes.tolist(), items, keys)
+        return requests
+
+    def step_one(
+        self, model: str, inputs: Mapping[str, Any], lane: int, callback: Callback | None
+    ) -> Request:
+        """A plain step of a one-row sequence (`step` without options but a callback)."""
+        steps = self.models[model].batcher
+        item, key = steps.item(inputs, lane)
+        request = steps.request(self._take_ids(1), item, callback, self._cancel_step(steps))
+        self._queue(steps, [request], [lane], [item], [key])
+        return request
+
+    def release(self, model: str, lanes: np.ndarray) -> None:
+        """A closed sequence's lanes are free again: sequences that wait for lanes may
+        start (the loop hears of it)."""
+        self.models[model].pool.release(lanes)
+        self._inbox.wake()
+
+    def start(
+        self, model: str, stepper: Stepping, item: Any, timeout: float | None = None
+    ) -> Request:
+        """A whole sequence of `model` for `item`, its host logic in `stepper` (its runner,
+        made once per stepper); its Request ends with the stepper's result."""
+        runner = self._runner(model, stepper)
+        deadline = None if timeout is None else time.perf_counter() + timeout
+
+        def cancel(request: Request) -> None:
+            self._submit_cohorts(runner, runner.cancelled(request))
+
+        request = Request(self._take_ids(1), model, deadline=deadline, on_cancel=cancel)
+        self._submit_cohorts(runner, runner.submit(request, item))
+        if deadline is not None:
+            self._inbox.wake()  # the loop times the deadline while it waits
+        return request
+
+    def flush(self) -> None:
+        """Every queued step as step batches now (possibly partial)."""
+        for steps in self.batchers.values():
+            if steps.num_pending:
+                with steps.lock:
+                    for work in steps.flush():
+                        self._inbox.submit(work, block=False, bounded=False)
 
     @property
     def runners(self) -> tuple[SequenceRunner, ...]:
         return self._runner_list
+
+    def _runner(self, model: str, stepper: Stepping) -> SequenceRunner:
+        """The runner of `model` for `stepper`, made once (any thread)."""
+        with self._lock:
+            found = self._runners.get((model, id(stepper)))
+            if found is None:
+                m = self.models[model]
+                found = SequenceRunner(
+                    m.pool, m.spec, stepper, names=m.names, shapes=m.shapes,
+                    batch_rows=m.batch_rows, cohorts=stepper.cohorts,
+                    take_id=lambda: self._take_ids(1), record=m.record,
+                )  # fmt: skip
+                self._runners[(model, id(stepper))] = found
+                self._runner_list = (*self._runner_list, found)
+            return found
+
+    def _queue(
+        self,
+        steps: StepBatcher,
+        requests: Sequence[Request],
+        lanes: Sequence[int],
+        items: Sequence[tuple[np.ndarray, ...]],
+        keys: Sequence[Hashable],
+    ) -> None:
+        """Queue steps in their StepBatcher and submit the batches they complete, under its
+        lock: a cancel of one of their steps then reaches the engine after the batch."""
+        with steps.lock:
+            formed, new_group = steps.add(requests, lanes, items, keys)
+            for work in formed:
+                self._inbox.submit(work, block=False, bounded=False)
+        if new_group:
+            self._inbox.wake()  # the loop times the new group's window
+
+    def _cancel_step(self, steps: StepBatcher) -> Callable[[Request], None]:
+        """A step request's cancel: it leaves its StepBatcher, or the engine hears of it
+        where it is in a batch already."""
+        inbox = self._inbox
+
+        def cancel(request: Request) -> None:
+            if not steps.cancelled(request):
+                inbox.cancel(request)
+
+        return cancel
+
+    def _submit_cohorts(self, runner: SequenceRunner, works: list[Work]) -> None:
+        """A runner's step batches to the engine; one it refuses ends its sequences."""
+        for work in works:
+            try:
+                self._inbox.submit(work, block=False, bounded=False)
+            except Exception as e:  # e.g. Closed: the engine is stopping
+                runner.refused(work, e)
 
     # -- under the engine's lock ----------------------------------------------------------
 

@@ -21,7 +21,7 @@ from inferchain.core.engine import ExecutionEngine
 from inferchain.core.inbox import Inbox
 from inferchain.core.request import Request, RequestState
 from inferchain.core.scheduler import Scheduler
-from inferchain.core.sequences import Sequences
+from inferchain.core.sequences import Sequences, StatefulModel
 from inferchain.core.work import Work
 from inferchain.core.workers import WorkerSet
 from inferchain.metrics import Metrics
@@ -127,21 +127,24 @@ def create_engine(
     inline: bool = False,
     width: int = 4,
     max_queue_size: int = 1000,
+    stateful: Mapping[str, StatefulModel] | None = None,
+    take_ids: Callable[[int], int] | None = None,
 ) -> ExecutionEngine:
     """An ExecutionEngine over `model` (x f32[N, width] -> y f32[N, width]) on `workers`:
     objects with a ModelWorker's surface (`index`, `name`, `num_streams`, `batch_s`,
     `healthy`, `dead`, `dispatch(run)`, `execute(run)`, `stop()`, `join()`), built whole as
     `OfflineInference.init()` builds it, its threads never started: a test steps it itself
     (`engine._step_and_after(now)`, or `engine.run_until(work)` from the test's thread).
-    `inline`: the model's sessions may run on any thread (the inline executor)."""
+    `inline`: the model's sessions may run on any thread (the inline executor);
+    `stateful`, `take_ids`: the sequence layer's models and its id source."""
     desc = [TensorDesc("x", (None, width), np.float32)]
     shapes = ShapePolicy(model, desc, [TensorDesc("y", (None, width), np.float32)])
     metrics = Metrics([model.name])
+    inbox = Inbox(metrics.engine_activity, max_queue_size)
     return ExecutionEngine(
         Scheduler(SchedulerConfig(), [model]),
         [WorkerSet(model, workers, shapes, inline)],
-        Sequences(),
+        Sequences(inbox, stateful, take_ids),
         metrics,
-        Inbox(),
-        max_queue_size=max_queue_size,
+        inbox,
     )
