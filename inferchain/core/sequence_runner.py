@@ -97,7 +97,7 @@ class SequenceRunner:
         self.names = names
         self.shapes = shapes
         self.rows = max(1, int(stepper.rows))
-        self.steps = max(1, int(stepper.steps_per_batch))  # steps one batch runs
+        self.steps_per_batch = max(1, int(stepper.steps_per_batch))  # steps one batch runs
         self.batch_rows = max(batch_rows, self.rows)
         self.cohorts = max(1, cohorts)
         self._take_id = take_id
@@ -317,7 +317,7 @@ class SequenceRunner:
                 rows, key = self._unbatched_rows(i, fed[name])
                 inputs.append(rows[:n])
                 unbatched.append(key)
-            elif self.steps > 1:
+            elif self.steps_per_batch > 1:
                 ahead[i] = self._steps_of(i, name, np.asarray(fed[name]), n)
                 inputs.append(ahead[i][:, 0])
             else:
@@ -330,9 +330,9 @@ class SequenceRunner:
                 inputs.append(block)
         exact = tuple(a.shape[1:] for a in inputs)
         shape_key, key = self.shapes.keys(exact, tuple(unbatched) if spec.unbatched else None)
-        if self.steps > 1 and shape_key != exact:
+        if self.steps_per_batch > 1 and shape_key != exact:
             raise InvalidInput(
-                f"model {pool.model!r}: a multi-step batch (steps_per_batch {self.steps}) "
+                f"model {pool.model!r}: a multi-step batch (steps_per_batch {self.steps_per_batch}) "
                 f"runs its rows at their own shapes, and rows of shapes {list(exact)} would "
                 f"be padded to {list(shape_key)} (the model's shapes policy); feed them at "
                 "that shape"
@@ -340,7 +340,7 @@ class SequenceRunner:
         steps = StepRows(
             lanes,
             pool.state_rows(lanes),
-            count=self.steps,
+            count=self.steps_per_batch,
             ahead=ahead or None,
             cohort=Cohort(self, lives),
             worker=pool.worker_of(lanes),
@@ -359,7 +359,7 @@ class SequenceRunner:
 
     def _steps_of(self, i: int, name: str, block: np.ndarray, n: int) -> np.ndarray:
         """Input `i` of a multi-step batch as feed() gave it, [n, K, *item], checked."""
-        k = self.steps
+        k = self.steps_per_batch
         if block.ndim < 2 or block.shape[:2] != (n, k):
             raise InvalidInput(
                 f"model {self.pool.model!r} input {name!r}: the stepper's feed() gave an "
