@@ -13,6 +13,7 @@ from inferchain.config import ModelConfig, Recipe, split_from
 from inferchain.core.state_pool import StatePool
 from inferchain.core.step_batcher import STEP_COHORTS, StepBatcher
 from inferchain.core.worker import ModelWorker, Outbox
+from inferchain.core.workers import stop_all
 from inferchain.errors import ConfigError
 from inferchain.inputs import InputSpec
 from inferchain.layout import Layout
@@ -83,11 +84,11 @@ def load_models(recipe: Recipe, backend: Backend, outbox: Outbox) -> dict[str, L
                 pool.max_rows = min(pool.size, model.config.batch_rows)
                 pool.partition(len(model.workers))
     except ConfigError as e:  # checked against a loaded model: name the recipe file too
-        stop_workers(all_workers(workers.values()))
+        stop_all(all_workers(workers.values()))
         source = str(recipe.source)
         raise (e if str(e).startswith(source) else ConfigError(f"{source}: {e}")) from e
     except BaseException:
-        stop_workers(all_workers(workers.values()))
+        stop_all(all_workers(workers.values()))
         raise
     return models
 
@@ -262,11 +263,3 @@ def step_batcher(model: LoadedModel, metrics: ModelMetrics) -> StepBatcher:
 
 def all_workers(groups: Iterable[list[ModelWorker]]) -> list[ModelWorker]:
     return [w for group in groups for w in group]
-
-
-def stop_workers(workers: list[ModelWorker]) -> None:
-    """Let each worker finish its queue and release its session, then join the threads."""
-    for w in workers:
-        w.stop()
-    for w in workers:
-        w.join()

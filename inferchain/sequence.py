@@ -35,6 +35,7 @@ from inferchain.errors import Closed, InvalidInput, RequestError
 
 __all__ = ["LiveSequence", "Stepper"]
 
+
 class Stepper:
     """The host logic of many sequences of one model at once (`oi.run_sequence`).
 

@@ -69,18 +69,11 @@ class ModelBatcher:
         expires. `caller`: the work of a caller that
         waits for it on its own thread (`run_until`): on an idle model it leaves at once,
         whatever the batching mode (no other row can come from that caller)."""
+        if self.fill and not self.flushing:
+            return self._due_full(all_idle, skip, caller)
         best: BatchKey | None = None
         best_t = next_due = float("inf")
         partial = False
-        if self.fill and not self.flushing:
-            for key, group in self.groups.items():
-                if key in skip:
-                    continue
-                if self._run_over(group[0]) or (all_idle and group[0] is caller):
-                    return key, True, self.pinned(key), next_due
-                if self._rows[key] >= self.max_rows:
-                    return key, False, self.pinned(key), next_due
-            return None, False, None, next_due
         for key, group in self.groups.items():
             if key in skip:
                 continue
@@ -102,6 +95,20 @@ class ModelBatcher:
             return None, False, None, next_due
         steps = self.groups[best][0].steps  # `pinned`, without a call
         return best, partial, None if steps is None else steps.worker, next_due
+
+    def _due_full(
+        self, all_idle: bool, skip: frozenset[BatchKey] | set[BatchKey], caller: Work | None
+    ) -> tuple[BatchKey | None, bool, int | None, float]:
+        """`due` of `batching: fill` (not flushing): a group of a full batch, or of an
+        anchored run that is over, or the caller's on an idle model; no window."""
+        for key, group in self.groups.items():
+            if key in skip:
+                continue
+            if self._run_over(group[0]) or (all_idle and group[0] is caller):
+                return key, True, self.pinned(key), float("inf")
+            if self._rows[key] >= self.max_rows:
+                return key, False, self.pinned(key), float("inf")
+        return None, False, None, float("inf")
 
     def pinned(self, key: BatchKey) -> int | None:
         """The instance group `key` must run on (sequence steps whose state its session

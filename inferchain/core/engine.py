@@ -9,10 +9,9 @@ thread runs it:
 2. `_take_submissions`: new Works into the Scheduler (admitted at once where they fit), then
    the cancels callers made;
 3. `_take_due_steps`: sequence steps whose batching window passed (`Sequences.due`);
-4. `_schedule`: `Scheduler.schedule(now)` until it has nothing more: admitted works go to
+4. `Scheduler.schedule(now)` until it has nothing more (`_apply`): admitted works go to
    their model's batcher, expired and failed ones end;
-5. `_mark_flushes`: partial batches of `batching: fill` / `wait` models that a flush asked
-   for may leave;
+5. the partial batches of `batching: fill` / `wait` models that a flush asked for may leave;
 6. `_dispatch`: per model, runs of same-shape batches to free (worker, stream) pairs, each
    handed to an executor: the worker's own thread (`ModelWorker.dispatch`), or the thread
    stepping the engine for a caller (`run_until`), where the model's sessions may run on any
@@ -22,12 +21,10 @@ thread runs it:
 The loop thread steps when woken; `run_until` steps on the caller's thread while the caller's
 work can run there, and leaves the rest to the loop. After the loop's steps only, outside the
 lock, `_after_step` runs the code a step must not run under it: the done-listeners of the
-requests that ended, and the sequence layer's steppers (`Sequences.after`).
-
-Lower layers never call upward: an executor posts a record to the `Inbox`; the sequence layer
-returns Works. The loop sleeps until something arrives, the next deadline or the end of a
-batching window: an idle engine uses no CPU. Every field below is written under `_lock`,
-except the inbox and the counters named as thread-shared.
+requests that ended, and the sequence layer's steppers (`Sequences.after`). Lower layers
+never call upward: executors and the sequence layer post records to the `Inbox`. The loop
+sleeps until something arrives, the next deadline or the end of a batching window: an idle
+engine uses no CPU. Every field is written under `_lock`, except the inbox's.
 """
 
 from __future__ import annotations
@@ -46,7 +43,7 @@ from inferchain.core.request import Request, RequestState, advance
 from inferchain.core.scheduler import Scheduler
 from inferchain.core.sequences import Sequences
 from inferchain.core.work import Work
-from inferchain.core.workers import WorkerSet
+from inferchain.core.workers import WorkerSet, stop_all
 from inferchain.errors import BackendError, Closed, RequestCancelled, RequestTimeout
 from inferchain.logs import get_logger, log_safely
 from inferchain.metrics import Metrics
@@ -54,6 +51,7 @@ from inferchain.shapes import envelope
 
 if TYPE_CHECKING:  # the engine reads a worker's surface only: no backend is imported
     from inferchain.core.worker import ModelWorker
+
 
 log = get_logger(__name__)
 
@@ -110,13 +108,8 @@ class ExecutionEngine:
                 self._inline_back.wait()
                 self._take_results()
             self._halted = True  # no run goes to a worker after its stop
-        workers = [w for m in self._models.values() for w in m.workers]
-        for w in workers:
-            w.stop()
-        for w in workers:
-            w.join()
-        self._inbox.stop()
-        self._inbox.wake()
+        stop_all([w for m in self._models.values() for w in m.workers])
+        self._inbox.stop()  # refuses what comes now, and wakes the loop to end
         if self._thread.is_alive():
             self._thread.join()
         self._step_and_after(time.perf_counter())  # anything posted after the loop ended
@@ -150,19 +143,16 @@ class ExecutionEngine:
                     timeout = self._step(time.perf_counter(), work)
                     if self._here:
                         here = self._here.pop()
-                if here is None:
+                if here is None:  # the rest is the loop's: what waits, what runs after a step
                     if work.state < S.DONE:
                         work.arm()
-                    # the loop times what waits, dispatches what the run's worker held up and
-                    # runs the code left for after a step
-                    ledger = self.ledger
+                    ledger, batcher = self.ledger, self._models[work.model].batcher
                     later = (
                         timeout is not None
                         or work.deadline is not None
-                        or bool(ledger.landed or ledger.listening)
-                        or self._models[work.model].batcher.num_ready > 0
-                        or self._scheduler.num_waiting > 0
+                        or bool(ledger.landed or ledger.listening or batcher.num_ready)
                     )
+                    later = later or self._scheduler.num_waiting > 0
                     break
             worker, run = here
             try:  # the inline executor: the run on this thread, outside the lock
@@ -179,9 +169,8 @@ class ExecutionEngine:
 
     def flush(self, *, if_stalled: bool = False) -> None:
         """Send the partial batches of `batching: fill` / `wait` models as they are (any
-        thread); with `if_stalled`, only when nothing else is left to run (no run in
-        flight, nothing waiting or ready but those partial batches): a caller that cannot
-        submit more waits for them then."""
+        thread); with `if_stalled`, only when nothing else is left to run (a caller that
+        cannot submit more waits for them then)."""
         if if_stalled:
             self._flush_if_stalled = True
         else:
@@ -191,10 +180,6 @@ class ExecutionEngine:
     def cancelled(self, item: Request | Work) -> None:
         """A request was cancelled, or a work's untaken rows should be (any thread)."""
         self._inbox.cancel(item)
-
-    def wake(self) -> None:
-        """Make the loop step soon (any thread)."""
-        self._inbox.wake()
 
     def cancel_all(self) -> int:
         """Cancel every request and work not yet running; returns how many requests."""
@@ -245,10 +230,6 @@ class ExecutionEngine:
             return 0.0
         return timeout
 
-    @property
-    def _landed_or_listening(self) -> bool:
-        return bool(self.ledger.landed or self.ledger.listening)
-
     def _step(self, now: float, caller: Work | None = None) -> float | None:
         """One step (under `_lock`); returns how long the loop may sleep (seconds; None =
         until woken). `caller`: the work of a caller stepping the engine (`run_until`),
@@ -266,8 +247,10 @@ class ExecutionEngine:
         while plan is not EMPTY_PLAN:  # ending rows may unblock, fail or make room for others
             self._apply(plan)
             plan = self._scheduler.schedule(now)
-        if flush or if_stalled:
-            self._mark_flushes(flush or (not delivered and self._stalled()))
+        if flush or (if_stalled and not delivered and self._stalled()):  # phase 5
+            for batcher in (m.batcher for m in self._models.values()):  # partial batches go
+                if (batcher.fill or batcher.wait) and batcher.num_ready:
+                    batcher.flushing = True
         for model in self._models.values():
             if not model.batcher.num_ready:
                 continue
@@ -346,21 +329,10 @@ class ExecutionEngine:
         for work in plan.admitted:
             self._ready(work, now)
         for work in plan.expired:
-            timeout = RequestTimeout(
-                f"work {work.id} ({work.model}) passed its deadline while {work.state.name}"
-            )
-            self.ledger.drop_rows(work, timeout, S.TIMED_OUT)
+            late = f"work {work.id} ({work.model}) passed its deadline while {work.state.name}"
+            self.ledger.drop_rows(work, RequestTimeout(late), S.TIMED_OUT)
         for work, error in plan.failed:
             self.ledger.drop_rows(work, error, S.ERROR)
-
-    def _mark_flushes(self, flush: bool) -> None:
-        """Phase 5: after admission (what was submitted before the flush is in the
-        batchers), the partial batches of `fill` / `wait` models may leave."""
-        if flush:
-            for model in self._models.values():
-                batcher = model.batcher
-                if (batcher.fill or batcher.wait) and batcher.num_ready:
-                    batcher.flushing = True
 
     def _stalled(self) -> bool:
         """Nothing can run but partial batches of `batching: fill` / `wait` models."""
@@ -388,12 +360,8 @@ class ExecutionEngine:
             return _INF
         in_flight = model.in_flight
         all_idle = not any(in_flight)
-        here = (
-            caller is not None
-            and model.inline
-            and caller.model == model.name
-            and caller.state < S.DONE
-        )
+        mine = caller is not None and caller.model == model.name and caller.state < S.DONE
+        here = mine and model.inline
         batcher = model.batcher
         skip: set[BatchKey] = set()  # groups pinned to an instance with no room now
         while room and batcher.groups:

@@ -134,10 +134,12 @@ class Inbox:
                 self._space.notify_all()
 
     def stop(self) -> None:
-        """Refuse every later submission and wake the callers waiting for room."""
+        """Refuse every later submission, wake the callers waiting for room and the loop
+        (it ends)."""
         with self._space:
             self.stopping = True
             self._space.notify_all()
+        self.wake()
 
     def wait_all(self, timeout: float | None) -> bool:
         """True once every work registered has finished and no worker is re-initialising

@@ -330,10 +330,11 @@ class SequenceRunner:
                 inputs.append(block)
         exact = tuple(a.shape[1:] for a in inputs)
         shape_key, key = self.shapes.keys(exact, tuple(unbatched) if spec.unbatched else None)
-        if self.steps_per_batch > 1 and shape_key != exact:
+        k = self.steps_per_batch
+        if k > 1 and shape_key != exact:
             raise InvalidInput(
-                f"model {pool.model!r}: a multi-step batch (steps_per_batch {self.steps_per_batch}) "
-                f"runs its rows at their own shapes, and rows of shapes {list(exact)} would "
+                f"model {pool.model!r}: a multi-step batch (steps_per_batch {k}) runs"
+                f" its rows at their own shapes, and rows of shapes {list(exact)} would "
                 f"be padded to {list(shape_key)} (the model's shapes policy); feed them at "
                 "that shape"
             )

@@ -105,21 +105,34 @@ class Sequences:
         first = self._take_ids(len(items))
         callback = options.get("callback")
         if options.keys() - {"callback"}:
-            priority = options.get("priority")
-            prio = m.priority if priority is None else priority
-            timeout = options.get("timeout", m.timeout_s)
-            deadline = None if timeout is None else time.perf_counter() + timeout
-            cancel = self._inbox.cancel
-            requests = [
-                steps.request(first + j, it, callback, cancel, priority=prio, deadline=deadline)
-                for j, it in enumerate(items)
-            ]
-            work = steps.work_of(first, requests, lanes, items, priority=prio, deadline=deadline)
-            self._inbox.submit(work, block=True, bounded=True)
-            return requests
+            return self._step_alone(m, first, items, lanes, options)
         queued = self._cancel_step(steps)
         requests = [steps.request(first + j, it, callback, queued) for j, it in enumerate(items)]
         self._queue(steps, requests, lanes.tolist(), items, keys)
+        return requests
+
+    def _step_alone(
+        self,
+        m: StatefulModel,
+        first: int,
+        items: Sequence[tuple[np.ndarray, ...]],
+        lanes: np.ndarray,
+        options: Mapping[str, Any],
+    ) -> list[Request]:
+        """Steps with a priority or a timeout: a Work of their own, which the Scheduler
+        admits like any other."""
+        steps, callback = m.batcher, options.get("callback")
+        priority = options.get("priority")
+        prio = m.priority if priority is None else priority
+        timeout = options.get("timeout", m.timeout_s)
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        cancel = self._inbox.cancel
+        requests = [
+            steps.request(first + j, it, callback, cancel, priority=prio, deadline=deadline)
+            for j, it in enumerate(items)
+        ]
+        work = steps.work_of(first, requests, lanes, items, priority=prio, deadline=deadline)
+        self._inbox.submit(work, block=True, bounded=True)
         return requests
 
     def step_one(

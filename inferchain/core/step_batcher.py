@@ -150,12 +150,9 @@ class StepBatcher:
         """Queue the steps of one sequence's rows. Returns the Works formed (a group that
         is a whole cohort now, or all of them when every open row has stepped) and whether
         a new group began (the engine then times its window). The rows of one sequence stay
-        in one batch (where they fit one): a reorder reads the state of its other rows,
-        which a batch before it must not have written yet."""
+        in one batch where they fit one (a reorder reads its other rows' state)."""
         formed: list[Work] = []
-        new_group = False
-        n = len(requests)
-        pool = self.pool
+        new_group, n, pool = False, len(requests), self.pool
         if pool.partitions > 1:  # steps of one instance's lanes batch together
             keys = [(pool.partition_of(lane), key) for lane, key in zip(lanes, keys, strict=True)]
         with self.lock:

@@ -210,15 +210,12 @@ class Work:
         run: tuple[int, int] | None = None,
     ) -> Work:
         """The rows of one call's items (ids from `first_id`, submitted at `created`); with
-        `per_item`, one WAITING Request per row, numbered from `first_id` and tied to its
-        row (each row's inputs are views made only when asked for); `on_cancel` is told of
-        a cancel of the Work or of one of its Requests."""
-        work = cls(
-            first_id, model, inputs, shape_key=shape_key, exact=exact, names=names,
-            submitted=created, batch_key=batch_key, batched=batched, priority=priority,
-            deadline=deadline, depends_on=depends_on, on_cancel=on_cancel, listener=listener,
-            run=run,
-        )  # fmt: skip
+        `per_item`, one WAITING Request per row, numbered from `first_id`, tied to its row
+        (its inputs a view made when asked for); `on_cancel` hears of a cancel of either."""
+        work = cls(first_id, model, inputs, shape_key=shape_key, exact=exact, names=names,
+                   submitted=created, batch_key=batch_key, batched=batched, priority=priority,
+                   deadline=deadline, depends_on=depends_on, on_cancel=on_cancel,
+                   listener=listener, run=run)  # fmt: skip
         if per_item:
             lock = work.lock = threading.RLock()
             # only the fields that differ from a Request's defaults: a keyword costs per row

@@ -6,7 +6,7 @@ thread steps it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from inferchain.config import ModelConfig
@@ -18,6 +18,15 @@ if TYPE_CHECKING:  # the engine reads a worker's surface only: no backend is imp
 
 RUN_S = 0.002  # seconds of batches one run holds, at most ...
 RUN_MAX = 32  # ... and this many batches
+
+
+def stop_all(workers: Iterable[ModelWorker]) -> None:
+    """Let each worker finish its queue and release its session, then join the threads."""
+    workers = list(workers)
+    for w in workers:
+        w.stop()
+    for w in workers:
+        w.join()
 
 
 def run_batches(batch_s: float | None) -> int:
