@@ -1,4 +1,4 @@
-"""ModelBatcher: one model's READY works grouped by batch key, cut into batches by row range.
+"""ModelBatcher: one model's READY works grouped by batch key, cut into runs of batches.
 
 The batch key is the shape key, and for a model with unbatched inputs their values too:
 only rows with equal keys share a batch.
@@ -9,8 +9,10 @@ could only add latency then; not with `batching: wait`, which waits the window f
 batch all the same, until the engine flushes it), or at once when its oldest work runs
 alone (a cohort of sequence steps, `Work.alone`), which is a batch of its own. A model with
 `batching: fill` sends full batches only, of rows in the order they came, until the engine
-flushes it. Rows are taken in order; a Work may span several batches and a batch may hold
-rows of several Works. The batcher is the one writer of a Work's `taken` and `held`.
+flushes it. Rows are taken in order, a run (`take`) at a time: up to a given number of
+batches of consecutive rows, full ones unless the group may leave partial; a Work may span
+several batches and a batch may hold rows of several Works. The batcher is the one writer of
+a Work's `taken` and `held`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Work: many rows of one model submitted together, the unit that travels through the layers.
 
 `map`, `run`, `infer` and `submit_many` hand the engine one Work for all the rows of one
-call (same shape key): the Scheduler admits it as a whole, the engine cuts it into batches by
-row ranges (`Slice`), and the outputs come back as views of the batch outputs, split only at
-the end. Per-item `Request`s ride along in `requests` where the caller asked for them; a Work
+call (same shape key): the Scheduler admits it as a whole, the batcher cuts it into runs of
+batches by row ranges (`Slice`), and the outputs come back as views of the batch outputs,
+split only at the end. Per-item `Request`s ride along in `requests` where the caller asked for them; a Work
 without them ("bulk") keeps its results per row range in `pieces`. A batch of sequence steps
 is a Work too, whose `steps` record says which state lanes its rows read and write.
 
@@ -13,9 +13,9 @@ after submission:
 
 | field | writer |
 |---|---|
-| `state`, `admitted` | `admit` (the Scheduler), `start` (the batcher), `finish` (the engine) |
-| `taken`, `held` | the model's `ModelBatcher` (the engine's loop) |
-| `ended`, `pieces` | the engine's loop, as rows end |
+| `state`, `admitted` | `admit` (the Scheduler), `start` (the batcher), `finish` (the ledger) |
+| `taken`, `held` | the model's `ModelBatcher`, its one writer (under the engine's lock) |
+| `ended`, `pieces` | the engine's `Ledger`, as rows end (under the engine's lock) |
 | `cancelled` | `cancel()`, any thread (the engine then drops the rows not yet taken) |
 
 Everything else is set at construction and never changes.
