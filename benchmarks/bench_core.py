@@ -315,25 +315,23 @@ def counted(path: Path, items: int, calls: int) -> dict[str, float]:
 # CI gate. The framework's cost is gated as counts (`counted`), which do not depend on the
 # machine, its load or the hour: a timed figure on a shared 2-core machine moved by 2x
 # between machines and hours (in microseconds first, then in timed "Python calls"), so a
-# floor set on one machine refused clean clones on another. A count moves only where the
-# framework takes another path when the threads' timing differs (a stream over an idle model
-# hands its rest to the loop's thread after a long batch), which a busy machine makes happen
-# more often; each floor sits about 25 % above the highest figure quiet and loaded runs
-# measured (quick runs, 2 cores; loaded: a busy process on each core), and a 2x regression
-# fails at the first attempt on any machine (`--inject-calls`, `--inject-us`). Measured:
-# B2a 1.25 Python + 0.28 C calls per item quiet, up to 1.81 + 0.63 loaded; B2b 12.8 + 17.7
-# per batch of 64, up to 20.1 + 22.3; B2c 4.8 + 2.6 per row and 1.01 objects kept; B3 37 +
-# 25 per call; quiet and loaded alike.
+# floor set on one machine refused clean clones on another. With one path for every batch
+# (how a model's work is cut into runs is chosen once, at start) the counts are the same
+# quiet and with a busy process on each core, so each floor sits about 20 % above them, and
+# a 2x regression fails at the first attempt on any machine (`--inject-calls`,
+# `--inject-us`). Measured (quick runs, 2 cores, quiet and loaded alike): B2a 1.24 Python +
+# 0.31 C calls per item; B2b 12.2 + 20.1 per batch of 64; B2c 4.19 + 2.29 per row and 1.00
+# objects kept; B3 45 + 70 per call.
 COUNTED_FLOORS = {
-    "B2a_calls": 2.3,
-    "B2a_c_calls": 0.8,
-    "B2b_calls": 25.0,
-    "B2b_c_calls": 28.0,
-    "B2c_calls": 6.0,
-    "B2c_c_calls": 3.3,
-    "B2c_objects": 1.25,
-    "B3_calls": 46.0,
-    "B3_c_calls": 31.0,
+    "B2a_calls": 1.5,
+    "B2a_c_calls": 0.4,
+    "B2b_calls": 15.0,
+    "B2b_c_calls": 25.0,
+    "B2c_calls": 5.1,
+    "B2c_c_calls": 2.8,
+    "B2c_objects": 1.2,
+    "B3_calls": 55.0,
+    "B3_c_calls": 85.0,
 }
 # Timed sanity floors, ratios of the same run, each with three attempts (noise rarely
 # repeats, a regression always does): B1 is model-bound (0.81-1.05x in quick runs of 4
