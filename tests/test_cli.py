@@ -289,3 +289,21 @@ def test_bench_pipeline_reports_items_and_model_requests_apart(tmp_path: Path) -
     assert "model requests: 8 (all models)" in done.stdout
     data = json.loads(figures.read_text())
     assert data["pipeline"]["items"] == 8 and data["pipeline"]["latency_ms"]["count"] == 8
+
+
+def test_a_batch_larger_than_the_machine_is_one_line_from_run_and_said_by_info(
+    tiny: Path,
+) -> None:
+    """`max_batch_size: 1000000000` (238 GiB of buffers): `run` refuses before allocating,
+    in one line naming the key and the bytes; `info` shows its tables and says why."""
+    recipe = (tiny / "recipe.yaml").read_text(encoding="utf-8")
+    (tiny / "recipe.yaml").write_text(
+        recipe.replace("max_batch_size: 8", "max_batch_size: 1000000000")
+    )
+    error = one_line_error(inferchain("run", tiny, "--output", tiny / "out"))
+    assert "max_batch_size 1000000000" in error and " bytes " in error
+    assert "this machine has" in error
+    info = inferchain("info", tiny)
+    assert info.returncode == 0, info.stderr
+    assert "! model 'mlp' needs" in info.stdout and "this machine has" in info.stdout
+    assert " NO" in info.stdout

@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def describe(error: BaseException) -> str:
     """One line for an error: the message of inferchain's and the OS's errors, the type and
     message of anything else."""
-    from inferchain.errors import InferchainError
+    from inferchain.errors import InferchainError, cut_message
 
     if isinstance(error, InferchainError):
         text = str(error)
@@ -95,4 +95,4 @@ def describe(error: BaseException) -> str:
         text = f"{error.filename}: {error.strerror}" if error.filename else error.strerror
     else:
         text = f"{type(error).__name__}: {error} (--debug shows the traceback)"
-    return " ".join(text.split()) or type(error).__name__
+    return cut_message(" ".join(text.split())) or type(error).__name__
