@@ -212,6 +212,9 @@ class PipelineDriver:
                 event = self._next_event()
                 if event is not None:
                     self._take(event)
+        except (KeyboardInterrupt, SystemExit):
+            self._stop(wait=False)  # the user wants out now: running steps end on their own
+            raise
         finally:
             self._stop()
 
@@ -342,12 +345,15 @@ class PipelineDriver:
         if event.finished:
             self._end(task, event.ok, event.value)
 
-    def _stop(self) -> None:
+    def _stop(self, wait: bool = True) -> None:
         """End what is in flight: cancel the requests items wait for, stop the pool (the
-        steps not started are dropped, those running may end until the items' deadlines
-        and clean up after themselves), take what was posted without waiting, close every
-        generator no thread runs. Nothing here waits for an event."""
+        steps not started are dropped, those running may end until the items' deadlines,
+        not at all without `wait`, and clean up after themselves), take what was posted
+        without waiting, close every generator no thread runs. Nothing here waits for an
+        event. Once is enough (a second call does nothing)."""
         with self._posting:
+            if self._stopped:
+                return
             self._stopped = True
         for task in self._active.values():
             for r in _requests(task.step):
@@ -356,7 +362,7 @@ class PipelineDriver:
         try:
             if self._pool is not None:
                 deadline = None if self._timeout is None else time.monotonic() + self._timeout
-                dropped = self._pool.stop(deadline)
+                dropped = self._pool.stop(deadline if wait else time.monotonic())
         finally:
             self._pool = None
             self._clean_up(dropped)

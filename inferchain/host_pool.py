@@ -73,8 +73,10 @@ class HostPool:
         for thread in threads:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             thread.join(left)
-            if thread.is_alive():
-                log.warning("host_step_left_running", thread=thread.name)
+        with self._lock:
+            for thread in self._running.values():
+                if thread in threads and thread.is_alive():
+                    log.warning("host_step_left_running", thread=thread.name)
         return dropped
 
     def _spawn(self) -> None:

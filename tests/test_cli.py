@@ -89,8 +89,8 @@ def test_an_unreadable_file_is_an_error_line_and_the_run_goes_on(tiny: Path) -> 
         "2.npy",
         "3.npy",
     ]
-    assert set(lines[2]) == {"file", "error"}
-    assert all(set(r) == {"file", "y"} for i, r in enumerate(lines) if i != 2)
+    assert set(lines[2]) == {"key", "file", "error"}
+    assert all(set(r) == {"key", "file", "y"} for i, r in enumerate(lines) if i != 2)
     kind = str(lines[2]["error"]).partition(":")[0]
     assert f"4 done, 1 failed ({kind} 1), 0 skipped as done before;" in done.stdout
 
@@ -128,7 +128,7 @@ def test_resume_skips_inputs_with_results_and_retries_failures(tiny: Path) -> No
     assert "2 done, 0 failed, 2 skipped as done before;" in done.stdout
     names = [Path(str(r["file"])).name for r in records(out)]
     assert names == ["0.npy", "1.npy", "2.npy", "3.npy"]
-    assert all(set(r) == {"file", "y"} for r in records(out))
+    assert all(set(r) == {"key", "file", "y"} for r in records(out))
     again = inferchain("run", tiny, "--output", out, "--resume")
     assert again.returncode == 0 and "0 done, 0 failed, 4 skipped as done before" in again.stdout
 

@@ -1,9 +1,10 @@
 """`inferchain run RECIPE`: the recipe's pipeline over its inputs, one line per item.
 
-Every item ends as one line of `results.jsonl`, a result or an error (`file`, `error`);
-one that fails (or runs past `--item-timeout`) does not stop the others. Exit 0 when every
-item has a result, 1 when one failed, 2 on bad input (no inputs at all, an earlier run's
-results in the way).
+Every item ends as one line of `results.jsonl`, a result or an error (`key`, `file`,
+`error`), at its input position; one that fails (or runs past `--item-timeout`) does not
+stop the others. The output folder is locked for the run (`inferchain.output_lock`). Exit 0
+when every item has a result, 1 when one failed, 2 on bad input (no inputs at all, an
+earlier run's results in the way, the folder in use by another run).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from inferchain.cli.options import add_command, positive_int
 from inferchain.cli.tally import Tally, positive_seconds
 from inferchain.config import Recipe, load_recipe
 from inferchain.driver import PipelineDriver
-from inferchain.errors import ConfigError
+from inferchain.errors import ConfigError, InvalidInput
 from inferchain.offline import OfflineInference
+from inferchain.output_lock import OutputLock
 from inferchain.pipeline import Pipeline, PipelineWrapper, Process
-from inferchain.results import RESULTS, Mode, ResultsFile, input_key
+from inferchain.records import input_key
+from inferchain.results import RESULTS, Mode, ResultsFile
 from inferchain.shards import ShardedResults
 from inferchain.tools.progress import Progress
 from inferchain.utilisation import format_utilisation
@@ -100,30 +103,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     results.check()  # refuse before loading any model
     if args.ray and args.item_timeout is not None:
         raise ConfigError("--item-timeout does not run with --ray (Ray Data bounds its tasks)")
-    if args.ray:  # scale-out: the same recipe over a Ray dataset (docs/scale-out.md)
-        if not isinstance(results, ResultsFile):
-            raise ConfigError("--format parquet does not run with --ray: it writes results.jsonl")
-        from inferchain.integrations.ray import run_recipe
+    with OutputLock(out_dir):  # one run writes a folder at a time
+        if args.ray:  # scale-out: the same recipe over a Ray dataset (docs/scale-out.md)
+            if not isinstance(results, ResultsFile):
+                raise ConfigError("--format parquet does not run with --ray: it writes jsonl")
+            from inferchain.integrations.ray import run_recipe
 
-        level = getattr(args, "log_level", None)
-        return run_recipe(
-            recipe, sources, out_dir, args.concurrency, args.limit, level, results=results
-        )
+            level = getattr(args, "log_level", None)
+            return run_recipe(
+                recipe, sources, out_dir, args.concurrency, args.limit, level, results=results
+            )
+        return _run_here(args, recipe, out_dir, sources, results)
+
+
+def _run_here(
+    args: argparse.Namespace, recipe: Recipe, out_dir: Path, sources: list[Path], results: Results
+) -> int:
+    """`run` in this process: the inputs without a result, in input order, written at
+    their positions; the summary line; the exit status."""
     with OfflineInference(recipe) as oi:
         if args.format is None and oi.pipeline.output_format != "jsonl":  # the recipe's own
-            results = results_sink(out_dir, mode, oi.pipeline.output_format, args.rows_per_file)
+            form = oi.pipeline.output_format
+            results = results_sink(out_dir, results.mode, form, args.rows_per_file)
             results.check()
         files = input_items(input_files(sources, oi.pipeline), oi.pipeline)
         with results:
-            left = [f for f in files if f.key not in results.done]
+            done = results.plan([f.key for f in files])
+            left = [p for p in range(len(files)) if p not in done]
             todo = left[: args.limit]
             tally = Tally(before=len(files) - len(left), beyond=len(left) - len(todo))
             started = time.perf_counter()
-            total = tally.before + len(todo)
-            runs, write = anchored(files, todo, oi.pipeline.anchor)
+            runs, write = anchored(len(files), todo, oi.pipeline.anchor)
             # a bar on a TTY only; the inputs done before count as done
-            with Progress(total, "run", summary=False, done=tally.before) as progress:
-                run_files(oi, runs, results, out_dir, progress, tally, args.item_timeout, write)
+            with Progress(tally.before + len(todo), "run", summary=False, done=tally.before) as bar:
+                job = Job(oi, files, results, out_dir, bar, tally, args.item_timeout)
+                job.run(runs, write)
             seconds = time.perf_counter() - started
         use = oi.metrics.utilisation()
         names = [m.name for m in oi.models]
@@ -203,12 +217,12 @@ def input_files(sources: Sequence[Path], pipeline: Pipeline) -> list[Path]:
 
 
 class FileReader(PipelineWrapper):
-    """The recipe's pipeline over `(index, path)` items: each file is loaded when its item
-    starts, so one that cannot be read fails alone; loaded items are kept for `save`."""
+    """The recipe's pipeline over `(position, Item)` items: each file is loaded when its
+    item starts, so one that cannot be read fails alone; loaded items are kept for `save`."""
 
     def __init__(self, inner: Pipeline) -> None:
         super().__init__(inner)
-        self.loaded: dict[int, Any] = {}  # index -> the loaded item, until its result is saved
+        self.loaded: dict[int, Any] = {}  # position -> the loaded item, until it is saved
 
     def process(self, item: tuple[int, Item]) -> Process:
         index, source = item
@@ -222,59 +236,69 @@ class FileReader(PipelineWrapper):
 
 
 def anchored(
-    files: Sequence[Item], todo: Sequence[Item], anchor: int | None
-) -> tuple[list[Item], set[int] | None]:
-    """What to run for `todo`: itself, or for a pipeline with an `anchor`, every whole run
-    of `anchor` input positions holding an item of `todo`, so that its batches are those
-    of a run straight through; and which of them to write (None: all)."""
-    if anchor is None or len(todo) == len(files):
+    count: int, todo: Sequence[int], anchor: int | None
+) -> tuple[list[int], set[int] | None]:
+    """The input positions to run for the positions `todo` (of `count` inputs): `todo`,
+    or for a pipeline with an `anchor`, every whole run of `anchor` positions holding one
+    of them, so that its batches are those of a run straight through; and which of them to
+    write (None: all)."""
+    if anchor is None or len(todo) == count:
         return list(todo), None
-    wanted = {item.key for item in todo}
-    runs: list[Item] = []
-    write: set[int] = set()
-    for start in range(0, len(files), anchor):
-        run = files[start : start + anchor]
-        if any(item.key in wanted for item in run):
-            write.update(len(runs) + i for i, item in enumerate(run) if item.key in wanted)
+    wanted = set(todo)
+    runs: list[int] = []
+    for start in range(0, count, anchor):
+        run = range(start, min(start + anchor, count))
+        if any(p in wanted for p in run):
             runs.extend(run)
-    return runs, write
+    return runs, wanted
 
 
-def run_files(
-    oi: OfflineInference,
-    files: Sequence[Item],
-    results: Results,
-    out_dir: Path,
-    progress: Progress,
-    tally: Tally,
-    item_timeout: float | None = None,
-    write: set[int] | None = None,
-) -> None:
-    """Every file through the pipeline, each line written as it finishes, counted; with
-    `write`, only those items (the others ran for their batches: done before)."""
-    pipeline = oi.pipeline
-    reader = FileReader(pipeline)
-    driver = PipelineDriver(reader, on_error="return", item_timeout=item_timeout)
-    progress.update(0)  # the clock starts now
-    for index, (source, result) in enumerate(zip(files, driver.run(enumerate(files)), strict=True)):
-        loaded = reader.loaded.pop(index, None)
-        if write is not None and index not in write:
-            continue
-        if isinstance(results, ShardedResults):
-            record = _row(pipeline, source, loaded, result, out_dir)
-        else:
-            record = _record(pipeline, source, loaded, result, out_dir)
-        results.write(record)
-        progress.update()
-        tally.add(record.get("error"))
+@attrs.define
+class Job:
+    """One `run` over its inputs: each item through the pipeline, its record written at
+    its input position as it finishes, counted and shown."""
+
+    oi: OfflineInference
+    files: Sequence[Item]  # every input, in input order
+    results: Results
+    out_dir: Path
+    progress: Progress
+    tally: Tally
+    item_timeout: float | None = None
+
+    def run(self, positions: Sequence[int], write: set[int] | None = None) -> None:
+        """The items at `positions`; with `write`, only those are written (the others ran
+        for their batches: done before)."""
+        pipeline = self.oi.pipeline
+        reader = FileReader(pipeline)
+        driver = PipelineDriver(reader, on_error="return", item_timeout=self.item_timeout)
+        items = ((p, self.files[p]) for p in positions)
+        self.progress.update(0)  # the clock starts now
+        for position, result in zip(positions, driver.run(items), strict=True):
+            loaded = reader.loaded.pop(position, None)
+            if write is not None and position not in write:
+                continue
+            source = self.files[position]
+            if isinstance(self.results, ShardedResults):
+                record = _row(pipeline, source, loaded, result, self.out_dir)
+            else:
+                record = _record(pipeline, source, loaded, result, self.out_dir)
+            self.results.write(record, position)
+            self._show(source, record, result)
+
+    def _show(self, source: Item, record: dict[str, Any], result: Any) -> None:
+        self.progress.update()
+        self.tally.add(record.get("error"))
         if "error" in record:
-            progress.print(f"{source.name}: ERROR {record['error']}")
+            self.progress.print(f"{source.name}: ERROR {record['error']}")
         else:
-            progress.print(f"{source.name}: {pipeline.summary(result)}")
+            self.progress.print(f"{source.name}: {self.oi.pipeline.summary(result)}")
 
 
 def _where(source: Item) -> dict[str, Any]:
-    where: dict[str, Any] = {"file": str(source.file)}
+    """What names an item in its record: its `key` (what a resume matches), its `file` as
+    given (and its `line`, `text`)."""
+    where: dict[str, Any] = {"key": source.key, "file": str(source.file)}
     if source.line is not None:
         where |= {"line": source.line, "text": source.text}
     return where
@@ -282,16 +306,32 @@ def _where(source: Item) -> dict[str, Any]:
 
 def _row(pipeline: Pipeline, source: Item, item: Any, result: Any, out_dir: Path) -> dict[str, Any]:
     """The Parquet row of one item (its input key first, arrays as they are; its
-    artefacts saved), or its error line."""
-    where = {"key": source.key, **_where(source)}
+    artefacts saved), or its error line (also for a file name that is not UTF-8: Parquet
+    strings are)."""
+    where = _where(source)
     if not isinstance(result, Exception):
         try:
             row = {**where, **pipeline.to_row(result)}
+            _utf8(row)
             pipeline.save(source.file, item, result, out_dir)
             return row
         except Exception as e:
             result = e
     return {**where, "error": f"{type(result).__name__}: {result}"}
+
+
+def _utf8(row: dict[str, Any]) -> None:
+    """InvalidInput naming the field when a text value of `row` cannot be UTF-8."""
+    for name, value in row.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = value.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+                raise InvalidInput(
+                    f"{name} {shown!r} is not UTF-8 text, which Parquet strings must be "
+                    "(--format jsonl keeps such names)"
+                ) from None
 
 
 def _record(
