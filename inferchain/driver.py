@@ -345,12 +345,18 @@ class PipelineDriver:
         if event.finished:
             self._end(task, event.ok, event.value)
 
+    def abort(self) -> None:
+        """Stop at once, as after an interrupt (the caller's own, e.g. between two results):
+        the steps running are not waited for; they clean up after themselves."""
+        self._stop(wait=False)
+
     def _stop(self, wait: bool = True) -> None:
         """End what is in flight: cancel the requests items wait for, stop the pool (the
         steps not started are dropped, those running may end until the items' deadlines,
-        not at all without `wait`, and clean up after themselves), take what was posted
-        without waiting, close every generator no thread runs. Nothing here waits for an
-        event. Once is enough (a second call does nothing)."""
+        or the recipe's `drain_timeout_s` without an `item_timeout`, not at all without
+        `wait`, and clean up after themselves), take what was posted without waiting, close
+        every generator no thread runs. Nothing here waits for an event. Once is enough (a
+        second call does nothing)."""
         with self._posting:
             if self._stopped:
                 return
@@ -361,7 +367,8 @@ class PipelineDriver:
         dropped: list[Any] = []
         try:
             if self._pool is not None:
-                deadline = None if self._timeout is None else time.monotonic() + self._timeout
+                bound = self._timeout or self._pipeline.recipe.scheduler.drain_timeout_s
+                deadline = time.monotonic() + bound
                 dropped = self._pool.stop(deadline if wait else time.monotonic())
         finally:
             self._pool = None

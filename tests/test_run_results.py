@@ -197,3 +197,30 @@ def test_a_resume_in_the_other_format_is_refused_in_one_line(
     assert not (shards / "results.jsonl").exists()
     again = inferchain("run", tiny, "--output", shards, "--overwrite")  # one kind stays
     assert again.returncode == 0 and not list(shards.glob("part-*")), again.stderr
+
+
+def test_parquet_shards_stay_cut_at_multiples_of_rows_per_file_over_the_job(
+    tiny: Path,  # noqa: F811
+) -> None:
+    """A run that stops early writes its rows in hand as a short last shard (an interrupt
+    does the same, tests/test_interrupts.py); the resume takes it back: the shards are
+    those of a run straight through, byte for byte."""
+    pytest.importorskip("pyarrow")
+    for i in range(4, 11):
+        np.save(tiny / "samples" / f"{i}.npy", np.full(64, i, np.float32))
+    form = ("--format", "parquet", "--rows-per-file", "4")
+    out, straight = tiny / "out", tiny / "straight"
+    assert inferchain("run", tiny, "--output", straight, *form).returncode == 0
+    assert inferchain("run", tiny, "--output", out, *form, "--limit", 6).returncode == 0
+    pq = pytest.importorskip("pyarrow.parquet")
+    assert [pq.read_metadata(p).num_rows for p in sorted(out.glob("part-*"))] == [4, 2]
+    for limit in ("3", "9"):
+        done = inferchain("run", tiny, "--output", out, *form, "--resume", "--limit", limit)
+        assert done.returncode == 0, done.stderr
+    shards = [sorted(f.glob("part-*.parquet")) for f in (out, straight)]
+    assert [p.name for p in shards[0]] == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+    ]
+    assert [p.read_bytes() for p in shards[0]] == [p.read_bytes() for p in shards[1]]

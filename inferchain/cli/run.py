@@ -274,17 +274,24 @@ class Job:
         driver = PipelineDriver(reader, on_error="return", item_timeout=self.item_timeout)
         items = ((p, self.files[p]) for p in positions)
         self.progress.update(0)  # the clock starts now
-        for position, result in zip(positions, driver.run(items), strict=True):
-            loaded = reader.loaded.pop(position, None)
-            if write is not None and position not in write:
-                continue
-            source = self.files[position]
-            if isinstance(self.results, ShardedResults):
-                record = _row(pipeline, source, loaded, result, self.out_dir)
-            else:
-                record = _record(pipeline, source, loaded, result, self.out_dir)
-            self.results.write(record, position)
-            self._show(source, record, result)
+        outputs = driver.run(items)  # held here: not closed (and waited for) before abort()
+        try:
+            for position, result in zip(positions, outputs, strict=True):
+                loaded = reader.loaded.pop(position, None)
+                if write is None or position in write:
+                    self._write(position, loaded, result)
+        except KeyboardInterrupt:  # here, between two results: out at once, not at exit
+            driver.abort()
+            raise
+
+    def _write(self, position: int, loaded: Any, result: Any) -> None:
+        pipeline, source = self.oi.pipeline, self.files[position]
+        if isinstance(self.results, ShardedResults):
+            record = _row(pipeline, source, loaded, result, self.out_dir)
+        else:
+            record = _record(pipeline, source, loaded, result, self.out_dir)
+        self.results.write(record, position)
+        self._show(source, record, result)
 
     def _show(self, source: Item, record: dict[str, Any], result: Any) -> None:
         self.progress.update()
