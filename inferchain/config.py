@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
-import yaml
 
-from inferchain.errors import ConfigError, cut_message
+from inferchain.errors import ConfigError
 from inferchain.extras import install_hint
+from inferchain.recipe_yaml import parse_yaml
 
 _ORT_LEVELS = ("disable", "basic", "extended", "all")
 _STRATEGIES = ("fixed", "dynamic", "buckets", "auto", "longest")
@@ -625,48 +625,6 @@ def load_recipe(path: str | Path, **overrides: Any) -> Recipe:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a recipe must be a mapping, got {_tn(data)}")
     return Recipe.from_dict(apply_overrides(data, overrides, source), "", source.resolve())
-
-
-MAX_YAML_NODES = 100_000  # values in a recipe once its aliases are expanded, at most
-
-
-def parse_yaml(text: str, source: Path) -> Any:
-    """The YAML document in `text` (safe types only), refused when its aliases expand it
-    past `MAX_YAML_NODES` values (an alias bomb: a few hundred bytes naming billions)."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        size = _expanded_size(node, {})
-        if size > MAX_YAML_NODES:
-            raise ConfigError(
-                f"{source}: its YAML aliases (*name) expand it to more than {MAX_YAML_NODES} "
-                "values; a recipe is small: write the values out, or alias fewer of them"
-            )
-        return loader.construct_document(node)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {cut_message(str(e))}") from None
-    except RecursionError:
-        raise ConfigError(f"{source}: not a recipe (its YAML is nested too deeply)") from None
-    finally:
-        loader.dispose()
-
-
-def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
-    """Values under `node` with every alias expanded; each shared node is measured once
-    (`sizes`), so this costs the nodes written, not the values they expand to."""
-    known = sizes.get(id(node))
-    if known is not None:
-        return known
-    sizes[id(node)] = MAX_YAML_NODES + 1  # a node that holds itself expands for ever
-    size = 1
-    if isinstance(node, yaml.SequenceNode):
-        size += sum(_expanded_size(child, sizes) for child in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        size += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
-    sizes[id(node)] = size = min(size, MAX_YAML_NODES + 1)
-    return size
 
 
 def apply_overrides(

@@ -23,7 +23,6 @@ blocking, and joins the pool (until the items' deadlines, with an `item_timeout`
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -37,43 +36,16 @@ import attrs
 from inferchain.anchors import current_run, new_driver
 from inferchain.core.request import Request
 from inferchain.errors import ConfigError, RequestTimeout
-from inferchain.host_pool import HostPool
+from inferchain.host_pool import HostPool, host_workers
 from inferchain.in_flight import Window
 from inferchain.logs import get_logger
 from inferchain.utilisation import HostStep
 
 if TYPE_CHECKING:
-    from inferchain.config import Recipe
     from inferchain.offline import OfflineInference
     from inferchain.pipeline import Pipeline, Process, Step
 
 log = get_logger(__name__)
-
-MAX_HOST_WORKERS = 8  # the default pool never grows past this many threads
-
-
-def default_host_workers(recipe: Recipe) -> int:
-    """Host threads for `recipe` when neither it nor its pipeline says: 0 (the caller's
-    thread, in input order) where a model batches `fill` (its batches follow the order
-    items come in); else the cores the models' intra-op threads leave, at least 2."""
-    if any(m.batching == "fill" for m in recipe.models):
-        return 0
-    threads = 0
-    for m in recipe.models:
-        options = m.session_options or recipe.session_options
-        threads += m.instances * max(1, options.intra_op_num_threads or 1)
-    cores = len(os.sched_getaffinity(0))
-    return min(MAX_HOST_WORKERS, max(2, cores - threads))
-
-
-def host_workers(pipeline: Pipeline) -> int:
-    """The recipe's `host_workers`, else the pipeline class's, else the default."""
-    recipe = pipeline.recipe
-    if recipe.host_workers is not None:
-        return recipe.host_workers
-    if pipeline.host_workers is not None:
-        return pipeline.host_workers
-    return default_host_workers(recipe)
 
 
 class _Task:

@@ -6,20 +6,53 @@ each step can be left behind: `abandon(key)` (an item whose time is up while its
 lets that thread go with its step and starts another in its place, so the steps after it
 still run and the process can exit while it is stuck. `stop` drops the steps not yet
 started and joins the threads, waiting at most until a deadline for the steps running.
+`host_workers` says how many threads a pipeline's driver gets.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 from inferchain.logs import get_logger
+
+if TYPE_CHECKING:
+    from inferchain.config import Recipe
+    from inferchain.pipeline import Pipeline
 
 log = get_logger(__name__)
 
 Step = Callable[[], None]
+
+MAX_HOST_WORKERS = 8  # the default pool never grows past this many threads
+
+
+def default_host_workers(recipe: Recipe) -> int:
+    """Host threads for `recipe` when neither it nor its pipeline says: 0 (the caller's
+    thread, in input order) where a model batches `fill` (its batches follow the order
+    items come in); else the cores the models' intra-op threads leave, at least 2."""
+    if any(m.batching == "fill" for m in recipe.models):
+        return 0
+    threads = 0
+    for m in recipe.models:
+        options = m.session_options or recipe.session_options
+        threads += m.instances * max(1, options.intra_op_num_threads or 1)
+    cores = len(os.sched_getaffinity(0))
+    return min(MAX_HOST_WORKERS, max(2, cores - threads))
+
+
+def host_workers(pipeline: Pipeline) -> int:
+    """The recipe's `host_workers`, else the pipeline class's, else the default."""
+    recipe = pipeline.recipe
+    if recipe.host_workers is not None:
+        return recipe.host_workers
+    if pipeline.host_workers is not None:
+        return pipeline.host_workers
+    return default_host_workers(recipe)
 
 
 class HostPool:

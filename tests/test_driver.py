@@ -15,7 +15,8 @@ import pytest
 from conftest import recipe
 
 import inferchain as ic
-from inferchain.driver import PipelineDriver, default_host_workers
+from inferchain.driver import PipelineDriver
+from inferchain.host_pool import default_host_workers
 from inferchain.pipeline import Pipeline, Process
 
 WAIT_S = 30.0  # only for a failure: a gate that never opens fails the test instead of hanging
