@@ -224,3 +224,31 @@ def test_parquet_shards_stay_cut_at_multiples_of_rows_per_file_over_the_job(
         "part-00002.parquet",
     ]
     assert [p.read_bytes() for p in shards[0]] == [p.read_bytes() for p in shards[1]]
+
+
+STUCK = """\
+import threading
+from inferchain.pipeline import Pipeline
+
+class StuckLoad(Pipeline):
+    def load(self, path):
+        if path.name == "1.npy":
+            threading.Event().wait()  # never returns
+        return super().load(path)
+"""
+
+
+def test_item_timeout_bounds_a_host_step_that_never_returns(tiny: Path) -> None:  # noqa: F811
+    """The stuck load becomes its item's timeout line and the run ends (exit 1) with the
+    other items' results; its thread is left behind and does not hold the exit."""
+    for i in range(4, 12):
+        np.save(tiny / "samples" / f"{i:02d}.npy", np.full(64, i, np.float32))
+    use_pipeline(tiny, STUCK, "StuckLoad")
+    out = tiny / "out"
+    done = inferchain("run", tiny, "--output", out, "--item-timeout", 1)
+    assert done.returncode == 1, done.stderr
+    lines = records(out)
+    assert len(lines) == 12
+    stuck = [r for r in lines if Path(str(r["file"])).name == "1.npy"]
+    assert [r["error"] for r in stuck] == ["RequestTimeout: timed out after 1 s"]
+    assert sum("y" in r for r in lines) >= 8  # the items after it ran on the other threads
