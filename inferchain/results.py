@@ -4,7 +4,7 @@ Each line is appended and flushed as its item finishes, so a run that is interru
 crashes leaves every finished line intact. An earlier run's file is never truncated unless
 asked (`overwrite`); `resume` keeps its results and lets the run skip their inputs.
 
-A resume keeps the lines that are whole (`records.parse_line`) and hold a result, matched
+A resume keeps the lines that are whole (`resume.parse_line`) and hold a result, matched
 to input positions by their `key`. Where an input before one of them runs again (its line
 was an error, or torn), the file is rewritten in input order as the run goes: the kept lines
 after the first input to run wait in `results.jsonl.rest` (written, fsynced and renamed into
@@ -23,7 +23,7 @@ from typing import Any, Literal, Self, TextIO
 
 from inferchain.closing import Closing
 from inferchain.errors import ConfigError
-from inferchain.records import input_key, json_line, match_positions, parse_line, record_key
+from inferchain.resume import input_key, json_line, match_positions, parse_line, record_key
 
 __all__ = ["RESULTS", "Mode", "ResultsFile", "input_key"]
 

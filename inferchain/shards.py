@@ -27,8 +27,8 @@ import numpy as np
 
 from inferchain.closing import Closing
 from inferchain.errors import ConfigError
-from inferchain.records import json_line, match_positions, parse_line
 from inferchain.results import REST, RESULTS, Mode
+from inferchain.resume import json_line, match_positions, parse_line
 
 ERRORS = "errors.jsonl"
 _PART = "part-{:05d}.parquet"

@@ -16,8 +16,8 @@ from inferchain.driver import PipelineDriver
 from inferchain.errors import ConfigError, InvalidInput
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineWrapper, Process
-from inferchain.records import input_key
 from inferchain.results import ResultsFile
+from inferchain.resume import input_key
 from inferchain.shards import ShardedResults
 from inferchain.tools.progress import Progress
 

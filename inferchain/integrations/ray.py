@@ -36,8 +36,8 @@ from inferchain.errors import Closed, ConfigError, InvalidInput, MissingDependen
 from inferchain.logs import configure_output, get_logger
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineWrapper, Process
-from inferchain.records import input_key
 from inferchain.results import ResultsFile
+from inferchain.resume import input_key
 
 log = get_logger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from inferchain.records import json_line, match_positions, parse_line
+from inferchain.resume import json_line, match_positions, parse_line
 
 
 def test_records_are_matched_to_positions_in_input_order_one_each() -> None:

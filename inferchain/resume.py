@@ -1,4 +1,4 @@
-"""A batch run's records across runs: keyed by what cannot change, written losslessly.
+"""What makes a batch run resumable: inputs keyed by what cannot change, lossless records.
 
 An input is recognised by `input_key`: its file's resolved path (and the line, where each
 line is an item), the same from any working directory. A record is one JSON line
