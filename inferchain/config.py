@@ -143,11 +143,12 @@ def _non_negative(_: object, attribute: attrs.Attribute[Any], value: float | Non
         raise ValueError(f"{attribute.name} must be >= 0, got {value}")
 
 
-MAX_THREADS = 1024  # threads, processes or instances one recipe key may ask for, at most
+MAX_THREADS = 1024  # threads, processes, instances, streams one recipe key may ask for
 
 
 def _threads(low: int) -> Any:
-    """A count of threads (or processes, or instances) from `low` to `MAX_THREADS`."""
+    """A count of threads (or processes, instances, streams, device blocks kept for a
+    hand-over: each a resource made at `init()`) from `low` to `MAX_THREADS`."""
 
     def check(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
         if value is not None and not low <= value <= MAX_THREADS:
@@ -268,7 +269,7 @@ class InputConfig(_Schema):
     # true / false for a mask
     pad: float | bool | None = None
     from_output: str | None = None  # recipe key `from`: "MODEL.OUTPUT" of an earlier model
-    batches: int | None = attrs.field(default=None, validator=_positive)  # kept on the device
+    batches: int | None = attrs.field(default=None, validator=_threads(1))  # kept on the device
 
     def __attrs_post_init__(self) -> None:
         if not self.batched and self.batch_axis != 0:
@@ -355,7 +356,7 @@ class ModelConfig(_Schema):
     instances: int = attrs.field(default=1, validator=_threads(1))  # workers for this model
     # batches in flight per worker, each with its own device buffers and stream; None = the
     # backend's default (acl: 2, onnxruntime: 1), filled in by Recipe.from_dict
-    streams: int | None = attrs.field(default=None, validator=_positive)
+    streams: int | None = attrs.field(default=None, validator=_threads(1))
     # how a worker learns a batch is done (acl): `sync`, rt.synchronize_stream at collect;
     # `callback`, a stream callback run by the session's report thread (onnxruntime: no effect)
     completion: str = attrs.field(default="sync", validator=_one_of("sync", "callback"))

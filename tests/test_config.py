@@ -157,7 +157,7 @@ def test_streams_default_per_backend_and_are_validated() -> None:
     assert three.models[0].streams == 3
     with pytest.raises(ic.ConfigError, match=r"models\[0\]\.streams.*needs backend acl"):
         Recipe.from_dict({"name": "r", "models": [{**model, "streams": 2}]})
-    with pytest.raises(ic.ConfigError, match="streams must be > 0"):
+    with pytest.raises(ic.ConfigError, match="streams must be from 1 to 1024, got 0"):
         Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": 0}]})
     with pytest.raises(ic.ConfigError, match=r"'models\[0\]\.streams' must be int or null"):
         Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": "2"}]})
@@ -230,6 +230,11 @@ M = "name: x\nmodels: [{name: m, path: m.onnx, %s}]"
             "intra_op_num_threads must be from 0 to 1024, got 1000000",
         ),
         (M % "instances: 100000", "instances must be from 1 to 1024, got 100000"),
+        (M % "streams: 100000", "streams must be from 1 to 1024, got 100000"),
+        (
+            M % "inputs: {x: {from: a.y, batches: 1000000000}}",
+            "batches must be from 1 to 1024, got 1000000000",
+        ),
         (
             "name: x\nhost_workers: 5000\nmodels: [{name: m, path: m.onnx}]",
             "host_workers must be from 0 to 1024, got 5000",
