@@ -133,9 +133,10 @@ class ExecutionEngine:
         self._callbacks.start()
         self._thread.start()
 
-    def close(self) -> None:
+    def close(self, callbacks_timeout: float | None = None) -> None:
         """Stop every worker (each finishes its queue), deliver their last results, then
-        stop the loop and the callback thread. Joins every thread it started."""
+        stop the loop and the callback thread. Joins every thread it started (the callback
+        thread for at most `callbacks_timeout` seconds: a user callback may never end)."""
         with self._drained:  # a caller's thread may be running a batch on a session
             self._closing = True
             self._drained.wait_for(lambda: not self._inlined and not self._items)
@@ -153,7 +154,7 @@ class ExecutionEngine:
         if self._thread.is_alive():
             self._thread.join()
         self._step_and_after(time.perf_counter())  # anything posted after the loop ended
-        self._callbacks.stop()
+        self._callbacks.stop(callbacks_timeout)
 
     # -- thread-safe surface --------------------------------------------------------------
 
