@@ -6,7 +6,7 @@ recipe's session options. Two pairs, each interleaved (A B A B ...) after a warm
 
 B11a  `oi.run(images)` vs the script over the same decoded images    target >= 1.0x, mean
       batch >= 12 of 16
-B11b  `inferchain run`'s loop over files (`run_files`, start-up not counted) vs the script
+B11b  `inferchain run`'s loop over files (`run_job.Job`, start-up not counted) vs the script
       reading the same files itself (cv2.imread in its pool)         target >= 0.9x
 
 A third script, for reference, runs the same 15 lines with the session's thread setting
@@ -46,10 +46,11 @@ from openvino_sides import openvino_recipes, precisions, raw_ceiling
 
 import inferchain as ic
 from inferchain.backends.onnxruntime import session_options
-from inferchain.cli.run import Item, run_files
+from inferchain.cli.run_job import Job
 from inferchain.cli.tally import Tally
 from inferchain.images import RAPIDOCR, read_image
 from inferchain.results import ResultsFile
+from inferchain.sources import Item
 from inferchain.tools.progress import Progress
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "orientation"
@@ -157,7 +158,7 @@ def main() -> None:
                 Progress(None, "", summary=False) as p,
                 contextlib.redirect_stdout(io.StringIO()),  # its line per file
             ):
-                run_files(oi, items, results, out, p, Tally())
+                Job(oi, items, results, out, p, Tally()).run(range(len(items)))
             mean_batch("run_files", before)
 
         def script_images() -> None:

@@ -11,6 +11,8 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import math
+import reprlib
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -18,10 +20,10 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 import attrs
-import yaml
 
 from inferchain.errors import ConfigError
 from inferchain.extras import install_hint
+from inferchain.recipe_yaml import parse_yaml
 
 _ORT_LEVELS = ("disable", "basic", "extended", "all")
 _STRATEGIES = ("fixed", "dynamic", "buckets", "auto", "longest")
@@ -63,6 +65,17 @@ def _tn(value: object) -> str:
     return type(value).__name__
 
 
+_SHORT = reprlib.Repr()  # a value in a message: bounded, however large (YAML aliases) it is
+_SHORT.maxstring = _SHORT.maxother = 120
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 6
+_SHORT.maxlevel = 2
+
+
+def _show(value: object) -> str:
+    """`TYPE REPR` of a value for a message, its repr cut short."""
+    return f"{_tn(value)} {_SHORT.repr(value)}"
+
+
 @attrs.frozen
 class _NamesTo:
     """A key's type: a mapping of names (of a model's inputs or outputs) to `schema` records."""
@@ -83,12 +96,12 @@ def _coerce(value: object, spec: object, path: str, source: Path) -> object:
             if option is not None and _is(value, option):
                 return _coerce(value, option, path, source)
         names = " or ".join("null" if s is None else getattr(s, "__name__", str(s)) for s in spec)
-        raise ConfigError(f"{source}: key {path!r} must be {names}, got {_tn(value)} {value!r}")
+        raise ConfigError(f"{source}: key {path!r} must be {names}, got {_show(value)}")
     if spec is float and _is(value, int):
         return float(value)  # type: ignore[arg-type]
     if not _is(value, spec):
         name = getattr(spec, "__name__", str(spec))
-        raise ConfigError(f"{source}: key {path!r} must be {name}, got {_tn(value)} {value!r}")
+        raise ConfigError(f"{source}: key {path!r} must be {name}, got {_show(value)}")
     if spec is list:
         return tuple(value)  # type: ignore[arg-type]
     return value
@@ -99,7 +112,7 @@ def _names_to(value: object, spec: _NamesTo, path: str, source: Path) -> dict[st
     if not isinstance(value, Mapping):
         raise ConfigError(
             f"{source}: key {path!r} must be a mapping of {spec.what} names to {{{keys}}}, "
-            f"got {_tn(value)} {value!r}"
+            f"got {_show(value)}"
         )
     out = {}
     for name, entry in value.items():
@@ -119,19 +132,49 @@ def _is(value: object, spec: object) -> bool:
     return isinstance(spec, type) and isinstance(value, spec)
 
 
+def _finite(name: str, value: float | None) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value} (NaN or infinity)")
+
+
 def _positive(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    _finite(attribute.name, value)
     if value is not None and value <= 0:
         raise ValueError(f"{attribute.name} must be > 0, got {value}")
 
 
 def _non_negative(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    _finite(attribute.name, value)
     if value is not None and value < 0:
         raise ValueError(f"{attribute.name} must be >= 0, got {value}")
 
 
 def _share(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    _finite(attribute.name, value)
     if value is not None and not 0.0 <= value <= 1.0:
         raise ValueError(f"{attribute.name} must be between 0 and 1, got {value}")
+
+
+MAX_THREADS = 1024  # threads, processes, instances, streams one recipe key may ask for
+
+
+def _threads(low: int) -> Any:
+    """A count of threads (or processes, instances, streams, device blocks kept for a
+    hand-over: each a resource made at `init()`) from `low` to `MAX_THREADS`."""
+
+    def check(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+        if value is not None and not low <= value <= MAX_THREADS:
+            raise ValueError(f"{attribute.name} must be from {low} to {MAX_THREADS}, got {value}")
+
+    return check
+
+
+def _a_name(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    """A recipe's name names its default output folder (`out/NAME`): a name, not a path."""
+    if not value or value in (".", "..") or any(c in value for c in "/\\\0"):
+        raise ValueError(
+            f"{attribute.name} must be a name (no '/', '\\', NUL; not '.' or '..'), got {value!r}"
+        )
 
 
 def _severity(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
@@ -145,27 +188,31 @@ def _severity(_: object, attribute: attrs.Attribute[Any], value: int | None) -> 
 def _names_to_names(_: object, attribute: attrs.Attribute[Any], value: dict[str, Any]) -> None:
     bad = {k: v for k, v in value.items() if not (isinstance(k, str) and isinstance(v, str))}
     if bad:
-        raise ValueError(f"{attribute.name} must map output names to input names, got {bad}")
+        shown = _SHORT.repr(bad)
+        raise ValueError(f"{attribute.name} must map output names to input names, got {shown}")
 
 
 def _backend_files(_: object, attribute: attrs.Attribute[Any], value: dict[str, Any]) -> None:
     bad = {k: v for k, v in value.items() if not (k in BACKENDS and isinstance(v, str))}
     if bad:
+        known = ", ".join(BACKENDS)
         raise ValueError(
-            f"{attribute.name} must map backends ({', '.join(BACKENDS)}) to model files, got {bad}"
+            f"{attribute.name} must map backends ({known}) to model files, got {_SHORT.repr(bad)}"
         )
 
 
 def _names(_: object, attribute: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
     bad = [v for v in value if not isinstance(v, str)]
     if bad or len(set(value)) != len(value):
-        raise ValueError(f"{attribute.name} must list distinct input names, got {list(value)}")
+        shown = _SHORT.repr(list(value))
+        raise ValueError(f"{attribute.name} must list distinct input names, got {shown}")
 
 
 def _one_of(*options: str) -> Any:
     def check(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
         if value not in options:
-            raise ValueError(f"{attribute.name} must be one of {', '.join(options)}, got {value!r}")
+            known = ", ".join(options)
+            raise ValueError(f"{attribute.name} must be one of {known}, got {_SHORT.repr(value)}")
 
     return check
 
@@ -184,8 +231,8 @@ class SessionOptions(_Schema):
         "allow_spinning": bool,
         "log_severity_level": (int, None),
     }
-    intra_op_num_threads: int = attrs.field(default=0, validator=_non_negative)
-    inter_op_num_threads: int = attrs.field(default=0, validator=_non_negative)
+    intra_op_num_threads: int = attrs.field(default=0, validator=_threads(0))
+    inter_op_num_threads: int = attrs.field(default=0, validator=_threads(0))
     graph_optimization_level: str = attrs.field(default="all", validator=_one_of(*_ORT_LEVELS))
     execution_mode: str = attrs.field(
         default="sequential", validator=_one_of("sequential", "parallel")
@@ -274,7 +321,7 @@ class InputConfig(_Schema):
     # true / false for a mask
     pad: float | bool | None = None
     from_output: str | None = None  # recipe key `from`: "MODEL.OUTPUT" of an earlier model
-    batches: int | None = attrs.field(default=None, validator=_positive)  # kept on the device
+    batches: int | None = attrs.field(default=None, validator=_threads(1))  # kept on the device
 
     def __attrs_post_init__(self) -> None:
         if not self.batched and self.batch_axis != 0:
@@ -362,10 +409,10 @@ class ModelConfig(_Schema):
     }
     name: str
     path: str  # file path (absolute after load) or pkg://package/relative/path
-    instances: int = attrs.field(default=1, validator=_positive)  # workers for this model
+    instances: int = attrs.field(default=1, validator=_threads(1))  # workers for this model
     # batches in flight per worker, each with its own device buffers and stream; None = the
     # backend's default (acl: 2, onnxruntime: 1), filled in by Recipe.from_dict
-    streams: int | None = attrs.field(default=None, validator=_positive)
+    streams: int | None = attrs.field(default=None, validator=_threads(1))
     # how a worker learns a batch is done (acl): `sync`, rt.synchronize_stream at collect;
     # `callback`, a stream callback run by the session's report thread (onnxruntime: no effect)
     completion: str = attrs.field(default="sync", validator=_one_of("sync", "callback"))
@@ -438,7 +485,7 @@ class Recipe(_Schema):
         "extra": (str, None),
         "params": dict,
     }
-    name: str
+    name: str = attrs.field(validator=_a_name)
     models: tuple[ModelConfig, ...]
     backend: str = attrs.field(default="onnxruntime", validator=_one_of(*BACKENDS))
     device: int = attrs.field(default=0, validator=_non_negative)
@@ -448,11 +495,9 @@ class Recipe(_Schema):
     pipeline: str | None = None  # "file.py:ClassName" relative to the recipe's folder
     # threads for the pipeline's host steps beside the models (None: the pipeline's own, else
     # the default; 0: the caller's thread)
-    host_workers: int | None = attrs.field(default=None, validator=attrs.validators.optional(
-        attrs.validators.ge(0)))  # fmt: skip
+    host_workers: int | None = attrs.field(default=None, validator=_threads(0))
     # processes for host code that holds the GIL (`Pipeline.in_process`); None: the cores
-    host_processes: int | None = attrs.field(default=None, validator=attrs.validators.optional(
-        attrs.validators.ge(1)))  # fmt: skip
+    host_processes: int | None = attrs.field(default=None, validator=_threads(1))
     inputs: str | None = None  # default inputs for `inferchain run`, relative to the folder
     # the inferchain extra that installs what the recipe needs (its models' packages, its
     # pipeline's imports): named with its pins when something is missing
@@ -651,11 +696,9 @@ def load_recipe(path: str | Path, **overrides: Any) -> Recipe:
     """
     source = recipe_file(path)
     try:
-        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+        data = parse_yaml(source.read_text(encoding="utf-8"), source)
     except UnicodeDecodeError:
         raise ConfigError(f"{source}: not a recipe (not UTF-8 YAML text)") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a recipe must be a mapping, got {_tn(data)}")
     return Recipe.from_dict(apply_overrides(data, overrides, source), "", source.resolve())

@@ -11,18 +11,24 @@ thread runs one step of one item's generator and posts what it did (`_Posted`) t
 caller's queue; a request's done-listener (or a future's done-callback: host work a step
 handed to the host processes, `Pipeline.in_process`) counts the item's waits down and posts
 it ready when the last one ends. An item's generator runs on one thread at a time, never two. With
-`host_workers=0` the host steps run on the caller's thread, one at a time, as before.
+`host_workers=0` the host steps run on the caller's thread, one at a time (with an
+`item_timeout`, on one host thread, so that a stuck step can be left behind).
+
+Stopping (the input ended, the caller left, an error, an interrupt) never waits for an event
+that may have been taken already: under `_posting` the driver marks itself stopped, and
+from then on a host thread whose step returns cleans its item up itself (requests cancelled,
+generator closed) instead of posting it; the caller drains what was posted before without
+blocking, and joins the pool (until the items' deadlines, with an `item_timeout`).
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -30,48 +36,32 @@ import attrs
 from inferchain.anchors import current_run, new_driver
 from inferchain.core.request import Request
 from inferchain.errors import ConfigError, RequestTimeout
+from inferchain.host_pool import HostPool, host_workers
 from inferchain.in_flight import Window
 from inferchain.logs import get_logger
 from inferchain.utilisation import HostStep
 
 if TYPE_CHECKING:
-    from inferchain.config import Recipe
     from inferchain.offline import OfflineInference
     from inferchain.pipeline import Pipeline, Process, Step
 
 log = get_logger(__name__)
 
-MAX_HOST_WORKERS = 8  # the default pool never grows past this many threads
-
-
-def default_host_workers(recipe: Recipe) -> int:
-    """Host threads for `recipe` when neither it nor its pipeline says: 0 (the caller's
-    thread, in input order) where a model batches `fill` (its batches follow the order
-    items come in); else the cores the models' intra-op threads leave, at least 2."""
-    if any(m.batching == "fill" for m in recipe.models):
-        return 0
-    threads = 0
-    for m in recipe.models:
-        options = m.session_options or recipe.session_options
-        threads += m.instances * max(1, options.intra_op_num_threads or 1)
-    cores = len(os.sched_getaffinity(0))
-    return min(MAX_HOST_WORKERS, max(2, cores - threads))
-
-
-def host_workers(pipeline: Pipeline) -> int:
-    """The recipe's `host_workers`, else the pipeline class's, else the default."""
-    recipe = pipeline.recipe
-    if recipe.host_workers is not None:
-        return recipe.host_workers
-    if pipeline.host_workers is not None:
-        return pipeline.host_workers
-    return default_host_workers(recipe)
-
 
 class _Task:
     """One item in flight: its generator and the requests its last step waits for."""
 
-    __slots__ = ("ended", "gen", "index", "lock", "on_host", "remaining", "step")
+    __slots__ = (
+        "abandoned",
+        "busy",
+        "ended",
+        "gen",
+        "index",
+        "lock",
+        "on_host",
+        "remaining",
+        "step",
+    )
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -80,7 +70,9 @@ class _Task:
         self.remaining = 0  # requests of `step` not yet ended (under `lock`)
         self.lock = threading.Lock()
         self.on_host = False  # a host step of it is dispatched (the caller's thread writes)
+        self.busy = False  # ... and has not posted its outcome yet (under the `_posting` lock)
         self.ended = False  # its result is in: a timed-out item's later events are stale
+        self.abandoned = False  # timed out while its step ran: its thread was left to it
 
 
 @attrs.frozen
@@ -151,15 +143,19 @@ class PipelineDriver:
         self._results: dict[int, tuple[bool, Any]] = {}  # index -> (ok, result or error)
         self._active: dict[int, _Task] = {}
         self._on_host = 0  # host steps dispatched whose outcome is not yet taken
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: HostPool | None = None
+        self._posting = threading.Lock()  # guards _stopped and every task's `busy`
+        self._stopped = False  # from then on a host thread cleans up what its step left
         metrics = pipeline.oi.metrics
         self._activity = metrics.activity  # an item in flight counts as activity ...
         self._host = metrics.host  # ... and its host steps as the host pool's busy time
 
     def run(self, items: Iterable[Any]) -> Iterator[Any]:
-        self._host.started(self.workers)
-        if self.workers:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="inferchain-host")
+        """The results of `items`, in input order (see the class)."""
+        threads = self.workers or (1 if self._timeout is not None else 0)
+        self._host.started(threads)
+        if threads:
+            self._pool = HostPool(threads)
         source = enumerate(items)
         next_out = 0
         exhausted = False
@@ -188,6 +184,9 @@ class PipelineDriver:
                 event = self._next_event()
                 if event is not None:
                     self._take(event)
+        except (KeyboardInterrupt, SystemExit):
+            self._stop(wait=False)  # the user wants out now: running steps end on their own
+            raise
         finally:
             self._stop()
 
@@ -220,11 +219,15 @@ class PipelineDriver:
 
     def _time_out(self, task: _Task) -> None:
         """End `task` with its timeout error; its generator is closed now, or, while a host
-        step of it runs, once that step is back (`_take`)."""
+        step of it runs, once that step is back (`_take`): a step that runs is left to its
+        thread, which the pool replaces, so that a step that never returns holds nothing."""
         for r in _requests(task.step):
             r.cancel()  # those not yet running; a running one ends on its own, unheard
         if not task.on_host:
             self._close(task)
+        elif self._pool is not None and self._pool.abandon(task):
+            task.abandoned = True  # its outcome, if it ever comes, is not counted
+            self._on_host -= 1
         error = RequestTimeout(f"timed out after {self._timeout:g} s")
         self._end(task, False, error)
 
@@ -255,16 +258,27 @@ class PipelineDriver:
                 raise
             self._events.put(event)
             return
-        events = self._events
+        with self._posting:
+            task.busy = True
+        self._pool.submit(task, lambda: self._on_pool(task, step))
 
-        def on_host() -> None:
+    def _on_pool(self, task: _Task, step: Callable[[], _Posted]) -> None:
+        """A host thread: the step (skipped for an item whose time is up), its outcome
+        posted to the caller, or, once the driver has stopped, its leftovers cleaned up."""
+        if task.ended:
+            event = _Posted(task, False)  # timed out before it started: nothing to run
+        else:
             try:
                 event = self._timed(task, step)
-            except BaseException as e:  # posted all the same: `_stop` waits for every step
+            except BaseException as e:  # the item's outcome whatever it is
                 event = _Posted(task, True, False, e)
-            events.put(event)
-
-        self._pool.submit(on_host)
+        with self._posting:
+            task.busy = False
+            if not self._stopped:
+                self._events.put(event)
+                return
+        if not event.finished:  # nobody takes it now: what the step started ends here
+            self._abort(task)
 
     def _timed(self, task: _Task, step: Callable[[], _Posted]) -> _Posted:
         """`step()` with the task's anchored run current, its time recorded as the host
@@ -292,39 +306,71 @@ class PipelineDriver:
             if not event.ended:
                 self._dispatch(event, lambda: self._resume(event))
             return
-        self._on_host -= 1
         task = event.task
+        if not task.abandoned:
+            self._on_host -= 1
         task.on_host = False
         if task.ended:  # timed out while this step ran: what it started is dropped
-            for r in _requests(task.step):
-                r.cancel()
             if not event.finished:
-                self._close(task)
+                self._abort(task)
             return
         if event.finished:
             self._end(task, event.ok, event.value)
 
-    def _stop(self) -> None:
-        """End what is in flight: cancel the requests items wait for, let the host steps
-        running finish, join the pool, close every generator."""
+    def abort(self) -> None:
+        """Stop at once, as after an interrupt (the caller's own, e.g. between two results):
+        the steps running are not waited for; they clean up after themselves."""
+        self._stop(wait=False)
+
+    def _stop(self, wait: bool = True) -> None:
+        """End what is in flight: cancel the requests items wait for, stop the pool (the
+        steps not started are dropped, those running may end until the items' deadlines,
+        or the recipe's `drain_timeout_s` without an `item_timeout`, not at all without
+        `wait`, and clean up after themselves), take what was posted without waiting, close
+        every generator no thread runs. Nothing here waits for an event. Once is enough (a
+        second call does nothing)."""
+        with self._posting:
+            if self._stopped:
+                return
+            self._stopped = True
         for task in self._active.values():
             for r in _requests(task.step):
                 r.cancel()
-        while self._on_host > 0:
-            event = self._events.get()
-            if isinstance(event, _Posted):
-                self._take(event)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        dropped: list[Any] = []
+        try:
+            if self._pool is not None:
+                bound = self._timeout or self._pipeline.recipe.scheduler.drain_timeout_s
+                deadline = time.monotonic() + bound
+                dropped = self._pool.stop(deadline if wait else time.monotonic())
+        finally:
             self._pool = None
-        for task in self._active.values():  # again: steps that ended meanwhile yielded more
-            for r in _requests(task.step):
-                r.cancel()
-            if task.gen is not None:
-                task.gen.close()
+            self._clean_up(dropped)
+
+    def _clean_up(self, dropped: list[Any]) -> None:
+        """After `_stop`: the tasks whose steps were `dropped` never ran them; every task
+        that no thread runs now is aborted (a running one aborts itself)."""
+        with self._posting:
+            for task in dropped:
+                task.busy = False
+        while not self._events.empty():  # posted before the stop: its items end here
+            event = self._events.get()
+            if isinstance(event, _Posted) and not event.finished:
+                self._abort(event.task)
+        for task in self._active.values():
+            with self._posting:
+                busy = task.busy
+            if not busy:
+                self._abort(task)
             self._activity.leave()
         self._active.clear()
         self._deadlines.clear()
+
+    def _abort(self, task: _Task) -> None:
+        """Cancel what `task`'s last step waits for and close its generator (no step of it
+        runs now)."""
+        for r in _requests(task.step):
+            r.cancel()
+        self._close(task)
 
     # -- a host thread (or the caller's, without a pool) -----------------------------------
 

@@ -115,3 +115,14 @@ class RequestCancelled(RequestError, concurrent.futures.CancelledError):
 
 class DependencyFailed(RequestError):
     """A request listed in `depends_on` ended in ERROR, CANCELLED or TIMED_OUT."""
+
+
+MAX_MESSAGE = 2000  # characters of an error message shown to a user, at most
+
+
+def cut_message(text: str) -> str:
+    """`text` cut to `MAX_MESSAGE` characters: an error message stays one readable line,
+    whatever value it shows."""
+    if len(text) <= MAX_MESSAGE:
+        return text
+    return f"{text[:MAX_MESSAGE]}... ({len(text)} characters in all)"

@@ -31,6 +31,7 @@ for which decoder reads what. Needs OpenCV, Pillow and simplejpeg (`ImagePipelin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,6 +51,15 @@ def _one_of(*values: str) -> Any:
     return attrs.validators.in_(values)
 
 
+def _megabytes(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    """A size in MiB: a finite number > 0 (NaN and infinity named as such)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{attribute.name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        what = " (NaN or infinity)" if not math.isfinite(value) else ""
+        raise ValueError(f"{attribute.name} must be a finite number > 0, got {value}{what}")
+
+
 @attrs.frozen
 class ImageReader:
     """How an image pipeline turns an item into pixels (see the module docstring)."""
@@ -58,7 +68,7 @@ class ImageReader:
     channels: str = attrs.field(default="rgb", validator=_one_of("rgb", "bgr"))
     alpha: str = attrs.field(default="drop", validator=_one_of("drop", "white", "rapidocr"))
     exif: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    max_mb: float = attrs.field(default=256.0, validator=attrs.validators.gt(0))
+    max_mb: float = attrs.field(default=256.0, validator=_megabytes)
 
     @classmethod
     def from_params(cls, image: object, source: Path, channels: str = "rgb") -> ImageReader:

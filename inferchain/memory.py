@@ -58,19 +58,41 @@ class MemoryPlan:
         """What is left for admitted requests' inputs, or None without a budget."""
         return None if self.budget_bytes is None else self.budget_bytes - self.static_bytes
 
-    def check(self) -> None:
-        """Raise `ConfigError` when the static memory alone does not fit the budget."""
+    def check(self, host_bytes: int | None = None) -> None:
+        """Raise `ConfigError` when the static memory alone does not fit the budget, or the
+        memory of this machine (`host_bytes`, default `host_memory()`): before anything of
+        the size is allocated."""
+        problem = self.problem(host_bytes)
+        if problem is not None:
+            raise ConfigError(problem)
+
+    def problem(self, host_bytes: int | None = None) -> str | None:
+        """Why `check` would refuse this plan (the keys and the bytes), or None."""
+        need = (
+            f"model {self.model!r} needs {self.static_bytes} bytes ({self.static_bytes / MB:.1f}"
+            f" MB: model {self.model_bytes / MB:.1f} MB + buffers for max_batch_size "
+            f"{self.max_batch} {self.buffer_bytes / MB:.1f} MB x {self.streams} streams, x "
+            f"{self.instances} instances"
+        )
+        if self.state_bytes:
+            need += f", + state lanes for max_sequences {self.state_bytes / MB:.1f} MB"
         if self.budget_bytes is not None and self.static_bytes > self.budget_bytes:
-            state = f", + state lanes {self.state_bytes / MB:.1f} MB" if self.state_bytes else ""
-            raise ConfigError(
-                f"model {self.model!r} needs {self.static_bytes / MB:.1f} MB "
-                f"(model {self.model_bytes / MB:.1f} MB + buffers {self.buffer_bytes / MB:.1f} MB"
-                f" x {self.streams} streams, x {self.instances} instances"
-                f"{state}) but memory_budget_mb is {self.budget_bytes / MB:.1f}"
-            )
+            return f"{need}) but memory_budget_mb is {self.budget_bytes / MB:.1f}"
+        host = host_memory() if host_bytes is None else host_bytes
+        if self.static_bytes > host:
+            return f"{need}) but this machine has {host} bytes ({host / MB:.1f} MB) of memory"
+        return None
 
     def to_dict(self) -> dict[str, object]:
         return {**attrs.asdict(self), "static_bytes": self.static_bytes}
+
+
+def host_memory() -> int:
+    """Bytes of physical memory of this machine (no plan may need more)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):  # not known here: nothing is refused for it
+        return 2**63
 
 
 def plan(

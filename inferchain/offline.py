@@ -151,7 +151,9 @@ class OfflineInference:
     def close(self, drain_timeout: float | None = None) -> None:
         """Stop intake, drain (bounded), cancel the rest, join every thread, release models.
 
-        Both waits are bounded by `drain_timeout` (default the recipe's `drain_timeout_s`).
+        Both waits are bounded by `drain_timeout` (default the recipe's `drain_timeout_s`),
+        and so is the wait for user callbacks still running (by `drain_timeout_s` where
+        `drain_timeout` is 0); one still running after it is left to finish on its own.
         Safe to call twice, from any thread, including from a callback.
         """
         with self._lock:
@@ -167,7 +169,7 @@ class OfflineInference:
             if not engine.wait_all(timeout):
                 engine.cancel_all()
                 engine.wait_all(timeout)
-            engine.close()
+            engine.close(callbacks_timeout=timeout or self.recipe.scheduler.drain_timeout_s)
         # sequences still waiting for a step
         self._sequences.abort(Closed("the OfflineInference was closed before the sequence ended"))
         self.host_processes.close()

@@ -61,7 +61,7 @@ class Pipeline:
     item_per_line: bool = False
     #: threads that run items' host steps (`load` in `inferchain run`, the code of `process`
     #: between its yields) beside the models; None: the recipe's `host_workers`, else the
-    #: default (`inferchain.driver.default_host_workers`); 0: the caller's thread. With
+    #: default (`inferchain.host_pool.default_host_workers`); 0: the caller's thread. With
     #: threads, `process` runs for several items at once: it must not share mutable state
     #: between items without a lock
     host_workers: int | None = None

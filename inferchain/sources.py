@@ -16,7 +16,7 @@ import attrs
 from inferchain.config import Recipe
 from inferchain.errors import ConfigError
 from inferchain.pipeline import Pipeline
-from inferchain.results import input_key
+from inferchain.resume import input_key
 
 
 def sources_of(recipe: Recipe, given: Sequence[Path] | None) -> list[Path]:

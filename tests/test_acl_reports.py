@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.resources
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +19,7 @@ from conftest import recipe as make_recipe
 
 import inferchain as ic
 from inferchain.backends.acl import AclBackend
+from inferchain.backends.acl_reports import MAX_REPORT_FAILURES
 from inferchain.config import Recipe
 from inferchain.errors import BackendError
 from inferchain.testing.fake_acl import FakeAcl
@@ -126,11 +128,13 @@ def test_the_same_outputs_as_synchronising_each_stream(worker: Any) -> None:
         assert np.isfinite(a[0]).all()  # not the 0xFF of a copy that has not landed
 
 
-def test_a_failing_report_thread_fails_collect_instead_of_hanging(mlp: str, worker: Any) -> None:
+def test_a_report_thread_that_keeps_failing_fails_collect_instead_of_hanging(
+    mlp: str, worker: Any
+) -> None:
     acl = FakeAcl(dynamic_batch={mlp: [1, 2, 4]})
     r = recipe(mlp)
     backend = AclBackend(r, acl_module=acl)
-    acl.inject("rt.process_report", 107012, nth=1)
+    acl.inject("rt.process_report", 107012)  # every call, from the first
     session = worker(lambda: backend.load(r.models[0], 0))
     feed = batches(1)[0]
 
@@ -141,11 +145,82 @@ def test_a_failing_report_thread_fails_collect_instead_of_hanging(mlp: str, work
     with pytest.raises(BackendError, match="process_report") as caught:
         worker(one_batch)
     assert caught.value.code == 107012
+    assert acl.call_count("rt.process_report") == MAX_REPORT_FAILURES
     with pytest.raises(BackendError, match="process_report"):  # nothing runs callbacks now
         worker(lambda: session.launch(feed, len(feed[0]), 0))
     with contextlib.suppress(BackendError):  # a callback may be left unprocessed
         worker(session.close)
     backend.close()
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3, 5])
+def test_one_failing_process_report_fails_no_batch_and_close_leaves_nothing(
+    mlp: str, worker: Any, nth: int
+) -> None:
+    """A failed `process_report` ran no callback: the thread calls it again, every batch
+    in flight completes with its outputs, and close() leaves no thread, subscription,
+    event or context."""
+    acl = FakeAcl(dynamic_batch={mlp: [1, 2, 4]})
+    r = recipe(mlp)
+    backend = AclBackend(r, acl_module=acl)
+    acl.inject("rt.process_report", 107012, nth=nth)
+    session = worker(lambda: backend.load(r.models[0], 0))
+    feeds = batches(8)
+    got = worker(lambda: drive(session, feeds))
+    reference = ort.InferenceSession(mlp)
+    for out, (x, scale) in zip(got, feeds, strict=True):
+        for o, w in zip(out, reference.run(None, {"x": x, "scale": scale}), strict=True):
+            np.testing.assert_array_equal(o, w)
+    worker(session.close)
+    backend.close()
+    assert ("rt.process_report", 107012) in acl.errors
+    assert acl.live_handles() == dict.fromkeys(acl.live_handles(), 0)
+
+
+def load_calls(mlp: str) -> list[tuple[str, int]]:
+    """Each call a callback-completion session makes while it loads, as (name, nth)."""
+    acl = FakeAcl(dynamic_batch={mlp: [1, 2, 4]})
+    r = recipe(mlp)
+    backend = AclBackend(r, acl_module=acl)
+    mark = len(acl.calls)
+    session = backend.load(r.models[0], 0)
+    calls = acl.calls[mark:]
+    session.close()
+    backend.close()
+    seen: dict[str, int] = {}
+    plan = []
+    for call in calls:
+        seen[call] = seen.get(call, 0) + 1
+        plan.append((call, seen[call]))
+    return plan
+
+
+def test_a_fault_at_any_point_of_a_load_releases_everything(mlp: str) -> None:
+    """Every call of the load fails once in turn (subscribing the second stream, the
+    device clock's epoch, ...): `load` raises `LoadError` and nothing is left alive."""
+    plan = load_calls(mlp)
+    assert ("rt.subscribe_report", 2) in plan and ("rt.synchronize_event", 1) in plan
+    r = recipe(mlp)
+    for call, nth in plan:
+        acl = FakeAcl(dynamic_batch={mlp: [1, 2, 4]})
+        backend = AclBackend(r, acl_module=acl)
+        acl.inject(call, 100000, nth=nth)
+        outcome: list[BaseException] = []
+
+        def load(backend: AclBackend = backend, outcome: list[BaseException] = outcome) -> None:
+            try:
+                backend.load(r.models[0], 0).close()
+            except BaseException as e:
+                outcome.append(e)
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), f"load hung after {call} #{nth} failed"
+        backend.close()
+        assert len(outcome) == 1 and isinstance(outcome[0], ic.LoadError), (call, nth, outcome)
+        live = {k: v for k, v in acl.live_handles().items() if v}
+        assert live == {}, f"left alive after {call} #{nth} failed: {live}"
 
 
 def test_the_pipeline_runs_with_completion_by_callback(mlp: str) -> None:

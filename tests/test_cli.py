@@ -89,8 +89,8 @@ def test_an_unreadable_file_is_an_error_line_and_the_run_goes_on(tiny: Path) -> 
         "2.npy",
         "3.npy",
     ]
-    assert set(lines[2]) == {"file", "error"}
-    assert all(set(r) == {"file", "y"} for i, r in enumerate(lines) if i != 2)
+    assert set(lines[2]) == {"key", "file", "error"}
+    assert all(set(r) == {"key", "file", "y"} for i, r in enumerate(lines) if i != 2)
     kind = str(lines[2]["error"]).partition(":")[0]
     assert f"4 done, 1 failed ({kind} 1), 0 skipped as done before;" in done.stdout
 
@@ -128,7 +128,7 @@ def test_resume_skips_inputs_with_results_and_retries_failures(tiny: Path) -> No
     assert "2 done, 0 failed, 2 skipped as done before;" in done.stdout
     names = [Path(str(r["file"])).name for r in records(out)]
     assert names == ["0.npy", "1.npy", "2.npy", "3.npy"]
-    assert all(set(r) == {"file", "y"} for r in records(out))
+    assert all(set(r) == {"key", "file", "y"} for r in records(out))
     again = inferchain("run", tiny, "--output", out, "--resume")
     assert again.returncode == 0 and "0 done, 0 failed, 4 skipped as done before" in again.stdout
 
@@ -322,3 +322,21 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tiny: Path, command: s
         os.close(write)
     assert done.returncode == 141, done.stderr
     assert done.stderr == ""
+
+
+def test_a_batch_larger_than_the_machine_is_one_line_from_run_and_said_by_info(
+    tiny: Path,
+) -> None:
+    """`max_batch_size: 1000000000` (238 GiB of buffers): `run` refuses before allocating,
+    in one line naming the key and the bytes; `info` shows its tables and says why."""
+    recipe = (tiny / "recipe.yaml").read_text(encoding="utf-8")
+    (tiny / "recipe.yaml").write_text(
+        recipe.replace("max_batch_size: 8", "max_batch_size: 1000000000")
+    )
+    error = one_line_error(inferchain("run", tiny, "--output", tiny / "out"))
+    assert "max_batch_size 1000000000" in error and " bytes " in error
+    assert "this machine has" in error
+    info = inferchain("info", tiny)
+    assert info.returncode == 0, info.stderr
+    assert "! model 'mlp' needs" in info.stdout and "this machine has" in info.stdout
+    assert " NO" in info.stdout

@@ -157,7 +157,7 @@ def test_streams_default_per_backend_and_are_validated() -> None:
     assert three.models[0].streams == 3
     with pytest.raises(ic.ConfigError, match=r"models\[0\]\.streams.*needs backend acl"):
         Recipe.from_dict({"name": "r", "models": [{**model, "streams": 2}]})
-    with pytest.raises(ic.ConfigError, match="streams must be > 0"):
+    with pytest.raises(ic.ConfigError, match="streams must be from 1 to 1024, got 0"):
         Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": 0}]})
     with pytest.raises(ic.ConfigError, match=r"'models\[0\]\.streams' must be int or null"):
         Recipe.from_dict({"name": "r", "backend": "acl", "models": [{**model, "streams": "2"}]})
@@ -208,3 +208,97 @@ def test_a_missing_model_package_names_the_recipe_s_extra(tmp_path: Path) -> Non
     bare = "name: x\nmodels: [{name: m, path: pkg://no_such_pkg_y/m.onnx}]"
     with pytest.raises(ic.ConfigError, match=r"is not installed: pip install no_such_pkg_y$"):
         ic.load_recipe(write(tmp_path, bare))
+
+
+# -- numbers, sizes, aliases and names a careless or hostile recipe holds --------------------
+
+M = "name: x\nmodels: [{name: m, path: m.onnx, %s}]"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (M % "memory_budget_mb: .nan", "memory_budget_mb must be a finite number, got nan"),
+        (M % "memory_budget_mb: .inf", "memory_budget_mb must be a finite number, got inf"),
+        (M % "timeout_s: .nan", "timeout_s must be a finite number, got nan"),
+        (M % "max_queue_delay_ms: .inf", "max_queue_delay_ms must be a finite number, got inf"),
+        (
+            "name: x\nscheduler: {drain_timeout_s: .inf}\nmodels: [{name: m, path: m.onnx}]",
+            "drain_timeout_s must be a finite number, got inf",
+        ),
+        (
+            M % "session_options: {intra_op_num_threads: 1000000}",
+            "intra_op_num_threads must be from 0 to 1024, got 1000000",
+        ),
+        (M % "instances: 100000", "instances must be from 1 to 1024, got 100000"),
+        (M % "streams: 100000", "streams must be from 1 to 1024, got 100000"),
+        (
+            M % "inputs: {x: {from: a.y, batches: 1000000000}}",
+            "batches must be from 1 to 1024, got 1000000000",
+        ),
+        (
+            "name: x\nhost_workers: 5000\nmodels: [{name: m, path: m.onnx}]",
+            "host_workers must be from 0 to 1024, got 5000",
+        ),
+        ("name: ../../escaped\nmodels: [{name: m, path: m.onnx}]", "name must be a name (no '/'"),
+        ("name: ..\nmodels: [{name: m, path: m.onnx}]", "name must be a name"),
+    ],
+)
+def test_numbers_are_finite_and_in_range_and_a_name_is_no_path(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    path = write(tmp_path, text)
+    with pytest.raises(ic.ConfigError, match=re.escape(message)) as e:
+        ic.load_recipe(tmp_path)
+    assert str(path) in str(e.value)
+
+
+def alias_bomb(levels: int, under: str) -> str:
+    """A few hundred bytes of YAML whose aliases expand to 9**levels strings."""
+    rows = ['  x0: &x0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    rows += [f"  x{i}: &x{i} [" + ", ".join([f"*x{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "params:\n" + "\n".join(rows) + f"\nmodels: [{{name: m, path: m.onnx}}]\n{under}\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    text = alias_bomb(9, "name: *x8")  # 387 million strings named in 600 bytes
+    assert len(text) < 1000
+    write(tmp_path, text)
+    with pytest.raises(ic.ConfigError, match=r"aliases .* expand it to more than 100000 values"):
+        ic.load_recipe(tmp_path)
+
+
+def test_an_error_message_shows_a_bounded_part_of_a_large_value(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    write(tmp_path, alias_bomb(5, "name: *x3"))  # 6561 strings: allowed, not a name
+    with pytest.raises(ic.ConfigError, match="'name' must be str, got list") as e:
+        ic.load_recipe(tmp_path)
+    assert len(str(e.value)) < 1000
+
+
+def test_a_batch_buffer_larger_than_the_machine_is_refused_before_it_is_allocated(
+    mlp_path: Path,
+) -> None:
+    """The memory plan is checked before a buffer is made: one line naming the key and the
+    bytes, from `init()` (the command line's `run` and `info` in tests/test_cli.py)."""
+    r = Recipe.from_dict(
+        {
+            "name": "x",
+            "models": [
+                {
+                    "name": "m",
+                    "path": str(mlp_path),
+                    "warmup": False,
+                    "max_batch_size": 1_000_000_000,
+                }
+            ],
+        }
+    )
+    with pytest.raises(ic.ConfigError) as e:
+        ic.OfflineInference(r).init()
+    message = str(e.value)
+    assert "max_batch_size 1000000000" in message
+    assert f"needs {1_000_000_000 * (64 + 10) * 4 + mlp_path.stat().st_size} bytes" in message
+    assert "but this machine has" in message

@@ -15,7 +15,8 @@ import pytest
 from conftest import recipe
 
 import inferchain as ic
-from inferchain.driver import PipelineDriver, default_host_workers
+from inferchain.driver import PipelineDriver
+from inferchain.host_pool import default_host_workers
 from inferchain.pipeline import Pipeline, Process
 
 WAIT_S = 30.0  # only for a failure: a gate that never opens fails the test instead of hanging
@@ -207,3 +208,35 @@ def test_batching_wait_sends_full_batches_and_the_rest_once_no_more_can_come(
         assert not runner.is_alive(), "the last partial batch was never flushed"
         assert dict(oi.stats().models["m"].batch_sizes) == {8: 3, 6: 1}
         assert got == pytest.approx(expected(oi, xs), rel=1e-6)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_host_step_that_never_returns_ends_as_its_items_timeout_and_the_run_ends(
+    mlp_path: Path, workers: int
+) -> None:
+    """Item 1's pre-processing blocks until the test ends: it becomes its timeout error at
+    its place, its thread is left to it (another takes its place), the items after it have
+    their results and the run ends; with `host_workers: 0` too (a timeout puts the steps
+    on one host thread)."""
+    release = threading.Event()
+
+    class Stuck(Doubling):
+        def pre(self, item: np.ndarray) -> np.ndarray:
+            if item[0] == 1.0:
+                release.wait()
+            return super().pre(item)
+
+    xs = np.zeros((40, 64), np.float32)
+    xs[:, 0] = np.arange(40)
+    got: list[Any] = []
+    with ic.OfflineInference(mlp(mlp_path, host_workers=workers)) as oi:
+        driver = PipelineDriver(Stuck(oi), on_error="return", max_in_flight=2, item_timeout=1)
+        runner = threading.Thread(target=lambda: got.extend(driver.run(xs)))
+        runner.start()
+        runner.join(WAIT_S)
+        ended = not runner.is_alive()
+        release.set()
+        runner.join()
+        assert ended, "the run waited for a host step that never returned"
+        assert isinstance(got[1], ic.RequestTimeout)
+        assert got[2:] == pytest.approx(expected(oi, xs[2:]), rel=1e-6)

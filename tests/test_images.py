@@ -206,6 +206,9 @@ def test_params_image_is_checked_against_its_keys_and_values(tmp_path: Path) -> 
         ImageReader.from_params({"alpha": "black"}, source)
     with pytest.raises(ic.ConfigError, match=r"params.image: .*max_mb"):
         ImageReader.from_params({"max_mb": 0}, source)
+    for endless in (float("inf"), float("nan")):  # named, not an OverflowError at the limit
+        with pytest.raises(ic.ConfigError, match=r"max_mb must be a finite .*NaN or infinity"):
+            ImageReader.from_params({"max_mb": endless}, source)
 
 
 def test_run_reads_a_str_item_as_a_path_for_image_pipelines(tmp_path: Path) -> None:

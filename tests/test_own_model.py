@@ -238,6 +238,7 @@ def test_the_guides_detector_gives_the_plain_scripts_detections_on_rgb_grey_and_
     lines = (out / "results.jsonl").read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines]
     assert [r.pop("file") for r in records] == [str(p) for p in paths]
+    assert [r.pop("key") for r in records] == [str(p.resolve()) for p in paths]
     assert records == expected
     assert cli("info", folder, "--input", paths[3]) == 0
     with Image.open(paths[3]) as rgba:

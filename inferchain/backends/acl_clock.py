@@ -43,7 +43,8 @@ class DeviceClock:
         clock = cls(acl, model, event)
         try:
             clock.anchor(stream)
-        except BaseException:
+        except BaseException:  # the event may be recorded and not reached: reach it first
+            ignore(acl.rt.synchronize_stream(stream), "rt.synchronize_stream")
             clock.release(ignore)
             raise
         return clock

@@ -12,8 +12,11 @@ synchronizes and launches nothing, as the runtime requires.
 The thread waits in `process_report(-1)` (no timeout, so an idle session polls nothing). It
 is stopped by one more callback, blocking (its stream holds until it ran), that tells its
 loop to return; then each stream is unsubscribed and the thread joined
-(`acl.util.stop_thread`). Should `process_report` fail, the loop ends and every waiting
-`collect` wakes with a `BackendError` naming the code.
+(`acl.util.stop_thread`). A `process_report` that fails has run no callback: the loop calls
+it again, so a batch fails only when a callback of its own cannot be run; after
+`MAX_REPORT_FAILURES` failures in a row the loop ends and every waiting `collect` wakes
+with a `BackendError` naming the code. A fault while starting (a `subscribe_report` that
+fails) ends the thread and undoes the subscriptions before `start` raises.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from inferchain.logs import get_logger
 log = get_logger(__name__)
 
 ACL_CALLBACK_NO_BLOCK, ACL_CALLBACK_BLOCK = 0, 1
+MAX_REPORT_FAILURES = 3  # process_report failing this many times in a row ends the thread
 Attempt = Callable[[int, str], None]  # records a failed release step, goes on
 
 
@@ -48,7 +52,8 @@ class Reports:
         self.thread = 0  # acl.util.start_thread's id; 0 = none
 
     def start(self) -> None:
-        """Start the thread and subscribe it to every stream (the context is current)."""
+        """Start the thread and subscribe it to every stream (the context is current); on
+        a failure, end the thread and undo what was subscribed, then raise."""
         acl = self._acl
         tid, ret = acl.util.start_thread(self._loop, [])
         check(acl, ret, f"{self._model}: acl.util.start_thread")
@@ -58,17 +63,25 @@ class Reports:
                 ret = acl.rt.subscribe_report(tid, stream)
                 check(acl, ret, f"{self._model}: rt.subscribe_report")
                 self._subscribed.append(stream)
-        finally:
-            if len(self._subscribed) < len(self._streams):
-                self._stopping = True  # the loop returns at once
+        except BaseException:
+            self._stopping = True  # the loop returns at once, having processed nothing
             self._ready.set()
+            self.stop(lambda ret, what: None)  # the load's own error is the one to raise
+            raise
+        self._ready.set()
 
     def _loop(self, _: Any) -> None:
         self._ready.wait()
+        failures = 0
         try:
             while not self._stopping:
                 ret = self._acl.rt.process_report(-1)
-                if ret != ACL_SUCCESS:
+                if ret == ACL_SUCCESS:
+                    failures = 0
+                    continue
+                failures += 1  # it ran no callback: the next call runs them
+                log.warning("acl_process_report_failed", model=self._model, code=ret)
+                if failures >= MAX_REPORT_FAILURES:
                     self._failed = ret
                     log.error("acl_report_thread_failed", model=self._model, code=ret)
                     break
@@ -107,16 +120,20 @@ class Reports:
         return BackendError(f"{self._model}: the report thread has ended")
 
     def stop(self, attempt: Attempt) -> None:
-        """End the thread: the stop callback (on the first stream, after its work), each
-        stream unsubscribed, the thread joined. Every stream is synchronized before."""
+        """End the thread: the stop callback (on the first stream, after its work) unless
+        the loop is ending already, the loop's end waited for, each stream unsubscribed, the
+        thread joined. Every stream is synchronized before."""
         acl = self._acl
         if not self.thread:
             return
-        if self._subscribed and not self._ended.is_set():
+        if self._subscribed and not self._stopping and not self._ended.is_set():
             stream = self._subscribed[0]
             ret = acl.rt.launch_callback(self._stop, 0, ACL_CALLBACK_BLOCK, stream)
             attempt(ret, "rt.launch_callback (stop the report thread)")
-            attempt(acl.rt.synchronize_stream(stream), "rt.synchronize_stream")
+            if ret == ACL_SUCCESS:
+                self._ended.wait()  # the loop ran the stop callback, or died: it returned
+        elif self._stopping:
+            self._ended.wait()  # it returns at once: it was told before it processed
         for stream in self._subscribed:
             attempt(acl.rt.unsubscribe_report(self.thread, stream), "rt.unsubscribe_report")
         self._subscribed = []

@@ -79,6 +79,10 @@ BROKEN_PIPE = 141
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints escaped
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     configure_output(args.log_level, args.log_format)
     set_runtime_log_level(args.log_level)
     try:
@@ -112,7 +116,7 @@ def _stdout_to_devnull() -> None:
 def describe(error: BaseException) -> str:
     """One line for an error: the message of inferchain's and the OS's errors, the type and
     message of anything else."""
-    from inferchain.errors import InferchainError
+    from inferchain.errors import InferchainError, cut_message
 
     if isinstance(error, InferchainError):
         text = str(error)
@@ -120,4 +124,4 @@ def describe(error: BaseException) -> str:
         text = f"{error.filename}: {error.strerror}" if error.filename else error.strerror
     else:
         text = f"{type(error).__name__}: {error} (--debug shows the traceback)"
-    return " ".join(text.split()) or type(error).__name__
+    return cut_message(" ".join(text.split())) or type(error).__name__

@@ -157,7 +157,7 @@ def precision(args: argparse.Namespace) -> int:
 def batch_invariance(args: argparse.Namespace) -> int:
     """`--batch-invariance RECIPE`: the recipe's pipeline over its inputs, recording what
     each model is given, then those items again at several batch sizes."""
-    from inferchain.cli.run import FileReader
+    from inferchain.cli.run_job import FileReader
     from inferchain.config import load_recipe
     from inferchain.driver import PipelineDriver
     from inferchain.offline import OfflineInference

@@ -1,38 +1,37 @@
 """`inferchain run RECIPE`: the recipe's pipeline over its inputs, one line per item.
 
-Every item ends as one line of `results.jsonl`, a result or an error (`file`, `error`);
-one that fails (or runs past `--item-timeout`) does not stop the others. Exit 0 when every
-item has a result, 1 when one failed, 2 on bad input (no inputs at all, an earlier run's
-results in the way).
+Every item ends as one line of `results.jsonl`, a result or an error (`key`, `file`,
+`error`), at its input position; one that fails (or runs past `--item-timeout`) does not
+stop the others. The output folder is locked for the run (`inferchain.output_lock`). Exit 0
+when every item has a result, 1 when one failed, 2 on bad input (no inputs at all, an
+earlier run's results in the way, the folder in use by another run).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
 from inferchain.cli.options import add_command, positive_int
+from inferchain.cli.run_job import Job, Results, anchored
 from inferchain.cli.tally import Tally, positive_seconds
-from inferchain.config import load_recipe
-from inferchain.driver import PipelineDriver
+from inferchain.config import Recipe, load_recipe
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
-from inferchain.pipeline import Pipeline, PipelineWrapper, Process
+from inferchain.output_lock import OutputLock
 from inferchain.results import RESULTS, Mode, ResultsFile
 from inferchain.shards import ShardedResults
-from inferchain.sources import Item, input_files, input_items, load_item, sources_of
+from inferchain.sources import input_files, input_items, sources_of
 from inferchain.tools.progress import Progress
 from inferchain.utilisation import format_utilisation
 
 DESCRIPTION = (
     f"Run a recipe's pipeline over input files and write {RESULTS} in the output folder: one "
     "line per item, in input order, each flushed as soon as it is written: a result, or an "
-    "error ({'file', 'error'}). A failed item does not stop the run. Exit 0 when all items "
-    "succeeded, 1 when some failed, 2 on bad input."
+    "error ({'key', 'file', 'error'}). A failed item does not stop the run. Exit 0 when all "
+    "items succeeded, 1 when some failed, 2 on bad input."
 )
 
 
@@ -59,7 +58,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--resume",
         action="store_true",
         help=f"skip the inputs that already have a result in the output's {RESULTS} (errors "
-        "are retried) and append the rest",
+        "are retried) and run the rest, each at its input position",
     )
     earlier.add_argument(
         "--overwrite", action="store_true", help=f"replace an earlier run's {RESULTS}"
@@ -99,30 +98,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     results.check()  # refuse before loading any model
     if args.ray and args.item_timeout is not None:
         raise ConfigError("--item-timeout does not run with --ray (Ray Data bounds its tasks)")
-    if args.ray:  # scale-out: the same recipe over a Ray dataset (docs/scale-out.md)
-        if not isinstance(results, ResultsFile):
-            raise ConfigError("--format parquet does not run with --ray: it writes results.jsonl")
-        from inferchain.integrations.ray import run_recipe
+    with OutputLock(out_dir):  # one run writes a folder at a time
+        if args.ray:  # scale-out: the same recipe over a Ray dataset (docs/scale-out.md)
+            if not isinstance(results, ResultsFile):
+                raise ConfigError("--format parquet does not run with --ray: it writes jsonl")
+            from inferchain.integrations.ray import run_recipe
 
-        level = getattr(args, "log_level", None)
-        return run_recipe(
-            recipe, sources, out_dir, args.concurrency, args.limit, level, results=results
-        )
+            level = getattr(args, "log_level", None)
+            return run_recipe(
+                recipe, sources, out_dir, args.concurrency, args.limit, level, results=results
+            )
+        return _run_here(args, recipe, out_dir, sources, results)
+
+
+def _run_here(
+    args: argparse.Namespace, recipe: Recipe, out_dir: Path, sources: list[Path], results: Results
+) -> int:
+    """`run` in this process: the inputs without a result, in input order, written at
+    their positions; the summary line; the exit status."""
+
     with OfflineInference(recipe) as oi:
         if args.format is None and oi.pipeline.output_format != "jsonl":  # the recipe's own
-            results = results_sink(out_dir, mode, oi.pipeline.output_format, args.rows_per_file)
+            form = oi.pipeline.output_format
+            results = results_sink(out_dir, results.mode, form, args.rows_per_file)
             results.check()
         files = input_items(input_files(sources, oi.pipeline), oi.pipeline)
         with results:
-            left = [f for f in files if f.key not in results.done]
+            done = results.plan([f.key for f in files])
+            left = [p for p in range(len(files)) if p not in done]
             todo = left[: args.limit]
             tally = Tally(before=len(files) - len(left), beyond=len(left) - len(todo))
             started = time.perf_counter()
-            total = tally.before + len(todo)
-            runs, write = anchored(files, todo, oi.pipeline.anchor)
+            runs, write = anchored(len(files), todo, oi.pipeline.anchor)
             # a bar on a TTY only; the inputs done before count as done
-            with Progress(total, "run", summary=False, done=tally.before) as progress:
-                run_files(oi, runs, results, out_dir, progress, tally, args.item_timeout, write)
+            with Progress(tally.before + len(todo), "run", summary=False, done=tally.before) as bar:
+                job = Job(oi, files, results, out_dir, bar, tally, args.item_timeout)
+                job.run(runs, write)
             seconds = time.perf_counter() - started
         use = oi.metrics.utilisation()
         names = [m.name for m in oi.models]
@@ -133,7 +144,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 FORMATS = ("jsonl", "parquet")
-Results = ResultsFile | ShardedResults
 
 
 def results_sink(folder: Path, mode: Mode, form: str | None, rows_per_file: int) -> Results:
@@ -143,110 +153,3 @@ def results_sink(folder: Path, mode: Mode, form: str | None, rows_per_file: int)
     if form != "parquet":
         raise ConfigError(f"output_format must be one of {', '.join(FORMATS)}, got {form!r}")
     return ShardedResults(folder, mode, rows_per_file)
-
-
-class FileReader(PipelineWrapper):
-    """The recipe's pipeline over `(index, path)` items: each file is loaded when its item
-    starts, so one that cannot be read fails alone; loaded items are kept for `save`."""
-
-    def __init__(self, inner: Pipeline) -> None:
-        super().__init__(inner)
-        self.loaded: dict[int, Any] = {}  # index -> the loaded item, until its result is saved
-
-    def process(self, item: tuple[int, Item]) -> Process:
-        index, source = item
-        loaded = load_item(self.inner, source)
-        self.loaded[index] = loaded
-        work = self.inner.process(loaded)
-        if isinstance(work, Generator):
-            return (yield from work)
-        return work
-
-
-def anchored(
-    files: Sequence[Item], todo: Sequence[Item], anchor: int | None
-) -> tuple[list[Item], set[int] | None]:
-    """What to run for `todo`: itself, or for a pipeline with an `anchor`, every whole run
-    of `anchor` input positions holding an item of `todo`, so that its batches are those
-    of a run straight through; and which of them to write (None: all)."""
-    if anchor is None or len(todo) == len(files):
-        return list(todo), None
-    wanted = {item.key for item in todo}
-    runs: list[Item] = []
-    write: set[int] = set()
-    for start in range(0, len(files), anchor):
-        run = files[start : start + anchor]
-        if any(item.key in wanted for item in run):
-            write.update(len(runs) + i for i, item in enumerate(run) if item.key in wanted)
-            runs.extend(run)
-    return runs, write
-
-
-def run_files(
-    oi: OfflineInference,
-    files: Sequence[Item],
-    results: Results,
-    out_dir: Path,
-    progress: Progress,
-    tally: Tally,
-    item_timeout: float | None = None,
-    write: set[int] | None = None,
-) -> None:
-    """Every file through the pipeline, each line written as it finishes, counted; with
-    `write`, only those items (the others ran for their batches: done before)."""
-    pipeline = oi.pipeline
-    reader = FileReader(pipeline)
-    driver = PipelineDriver(reader, on_error="return", item_timeout=item_timeout)
-    progress.update(0)  # the clock starts now
-    for index, (source, result) in enumerate(zip(files, driver.run(enumerate(files)), strict=True)):
-        loaded = reader.loaded.pop(index, None)
-        if write is not None and index not in write:
-            continue
-        if isinstance(results, ShardedResults):
-            record = _row(pipeline, source, loaded, result, out_dir)
-        else:
-            record = _record(pipeline, source, loaded, result, out_dir)
-        results.write(record)
-        progress.update()
-        tally.add(record.get("error"))
-        if "error" in record:
-            progress.print(f"{source.name}: ERROR {record['error']}")
-        else:
-            progress.print(f"{source.name}: {pipeline.summary(result)}")
-
-
-def _where(source: Item) -> dict[str, Any]:
-    where: dict[str, Any] = {"file": str(source.file)}
-    if source.line is not None:
-        where |= {"line": source.line, "text": source.text}
-    return where
-
-
-def _row(pipeline: Pipeline, source: Item, item: Any, result: Any, out_dir: Path) -> dict[str, Any]:
-    """The Parquet row of one item (its input key first, arrays as they are; its
-    artefacts saved), or its error line."""
-    where = {"key": source.key, **_where(source)}
-    if not isinstance(result, Exception):
-        try:
-            row = {**where, **pipeline.to_row(result)}
-            pipeline.save(source.file, item, result, out_dir)
-            return row
-        except Exception as e:
-            result = e
-    return {**where, "error": f"{type(result).__name__}: {result}"}
-
-
-def _record(
-    pipeline: Pipeline, source: Item, item: Any, result: Any, out_dir: Path
-) -> dict[str, Any]:
-    """The line of one item: its result (and its artefacts saved), or the error."""
-    where = _where(source)
-    if not isinstance(result, Exception):
-        try:
-            record = {**where, **pipeline.to_record(result)}
-            json.dumps(record, ensure_ascii=False)
-            pipeline.save(source.file, item, result, out_dir)
-            return record
-        except Exception as e:
-            result = e
-    return {**where, "error": f"{type(result).__name__}: {result}"}

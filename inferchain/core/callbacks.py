@@ -1,11 +1,13 @@
 """The callback thread: user callbacks run here, never on a worker (a slow callback must not
-stall a device), and one that raises is logged with its request id and harms nothing."""
+stall a device), and one that raises anything is logged with its request id and harms
+nothing; a callback that never returns delays `stop` by its bound at most."""
 
 from __future__ import annotations
 
 import queue
 import threading
 
+from inferchain.core.guard import call_user
 from inferchain.core.request import Request
 from inferchain.logs import get_logger, log_safely
 
@@ -26,24 +28,26 @@ class CallbackThread:
         """Queue a finished request whose callback is set (any thread)."""
         self._queue.put(request)
 
-    def stop(self) -> None:
-        """Run what is queued, then end the thread and join it (unless called from it)."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Run what is queued, then end the thread and join it (unless called from it),
+        waiting at most `timeout` seconds (None: until it ends). False when a callback still
+        runs after that: the thread (a daemon) is left to end after it, and it is logged."""
         self._queue.put(None)
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join()
+        if not self._thread.is_alive() or threading.current_thread() is self._thread:
+            return True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log_safely(log.warning, "callbacks_not_finished", waited_s=timeout)
+            return False
+        return True
 
     def _main(self) -> None:
         while (request := self._queue.get()) is not None:
             assert request.callback is not None
-            try:
-                request.callback(request)
-            except Exception as e:
-                log_safely(
-                    log.error,
-                    "callback_failed",
-                    request_id=request.id,
-                    model=request.model,
-                    error=type(e).__name__,
-                    detail=str(e),
-                    exc_info=True,
-                )
+            call_user(  # on this thread a KeyboardInterrupt is logged like any error
+                request.callback,
+                request,
+                "callback_failed",
+                request_id=request.id,
+                model=request.model,
+            )

@@ -97,10 +97,10 @@ class ExecutionEngine:
         self._callbacks.start()
         self._thread.start()
 
-    def close(self) -> None:
+    def close(self, callbacks_timeout: float | None = None) -> None:
         """Wait for the inline runs to come back, stop every worker (each finishes its
-        queue), settle their last results, then stop the loop and the callback thread.
-        Joins every thread it started."""
+        queue), settle their last results, then stop the loop and the callback thread (for
+        at most `callbacks_timeout` seconds: a user callback may never end)."""
         with self._lock:  # a caller's thread may be running a run on a session
             self._closing = True
             self._take_results()
@@ -113,7 +113,7 @@ class ExecutionEngine:
         if self._thread.is_alive():
             self._thread.join()
         self._step_and_after(time.perf_counter())  # anything posted after the loop ended
-        self._callbacks.stop()
+        self._callbacks.stop(callbacks_timeout)
 
     # -- thread-safe surface --------------------------------------------------------------
 

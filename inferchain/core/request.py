@@ -21,13 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from inferchain.core.guard import call_user
 from inferchain.errors import InvalidTransition, RequestCancelled
-from inferchain.logs import get_logger, log_safely
 
 if TYPE_CHECKING:
     from inferchain.core.work import Work
-
-log = get_logger(__name__)
 
 Outputs = dict[str, np.ndarray]
 Callback = Callable[["Request"], object]
@@ -257,14 +255,16 @@ class Request:
     def notify_listeners(self) -> None:
         """Run the done-listeners of a terminal request, once (the engine calls it after its
         step for the requests it ended: no user code runs under its lock). A listener that
-        raises is logged (`done_listener_failed`); the others still run."""
+        raises anything is logged (`done_listener_failed`) and the others still run; a
+        `KeyboardInterrupt` on the caller's thread is raised again after them."""
         listeners, self._listeners = self._listeners, None
         if listeners:
-            for fn in listeners:
-                try:
-                    fn(self)
-                except Exception:  # one listener's bug must not strand the others
-                    log_safely(log.exception, "done_listener_failed", request_id=self.id)
+            interrupt = None
+            for fn in listeners:  # one listener's bug must not strand the others
+                got = call_user(fn, self, "done_listener_failed", request_id=self.id)
+                interrupt = interrupt or got
+            if interrupt is not None:
+                raise interrupt
 
     def add_done_listener(self, fn: Callable[[Request], None]) -> None:
         """Call `fn(request)` once it is terminal (at once if it already is).
@@ -336,14 +336,14 @@ class Request:
     def add_done_callback(self, fn: Callable[[Request], object]) -> None:
         """Call `fn(request)` once it is terminal, at once if it already is (as
         `Future.add_done_callback`). `fn` runs on the thread that finished the request (the
-        engine's, usually): keep it short, and use `callback=` at submit for real work. An
-        exception from `fn` is logged and ignored."""
+        engine's, usually): keep it short, and use `callback=` at submit for real work.
+        Whatever `fn` raises is logged and ignored (a `KeyboardInterrupt` on the caller's
+        thread is raised again there)."""
 
         def call(request: Request) -> None:
-            try:
-                fn(request)
-            except Exception:
-                log_safely(log.exception, "done_callback_failed", request=request.id)
+            interrupt = call_user(fn, request, "done_callback_failed", request_id=request.id)
+            if interrupt is not None:
+                raise interrupt
 
         self.add_done_listener(call)
 

@@ -37,7 +37,8 @@ from inferchain.errors import Closed, ConfigError, InvalidInput, MissingDependen
 from inferchain.logs import configure_output, get_logger
 from inferchain.offline import OfflineInference
 from inferchain.pipeline import Pipeline, PipelineWrapper, Process
-from inferchain.results import ResultsFile, input_key
+from inferchain.results import ResultsFile
+from inferchain.resume import input_key
 
 log = get_logger(__name__)
 
@@ -322,7 +323,7 @@ def write_results(ds: Any, output: Path, results: ResultsFile | None = None) -> 
 
 
 def _jsonl_record(row: dict[str, Any]) -> dict[str, Any]:
-    head = {"file": row.pop(PATH)} if PATH in row else {}
+    head = {"key": input_key(row[PATH]), "file": row.pop(PATH)} if PATH in row else {}
     error = row.pop(ERROR, None)
     if error is not None:
         return {**head, ERROR: error}
@@ -376,7 +377,7 @@ def run_recipe(
     started_here = connect(max(len(os.sched_getaffinity(0)), concurrency + 1))
     try:
         started = time.perf_counter()
-        skip = sink.done if sink is not None else ()
+        skip = sink.resume_keys() if sink is not None else ()
         ds = read_dataset(sources, list_folder=_recipe_lister(loaded), limit=limit, skip=skip)
         mapped = map_recipe(
             ds, loaded.source, concurrency=concurrency, on_error="return", log_level=log_level

@@ -74,7 +74,10 @@ def describe_recipe(recipe: Recipe, *, acl_module: object | None = None) -> list
                 problems: tuple[str, ...] = ()
                 fixed = session.max_batch_size
                 rows = model.batch_rows if fixed is None else min(model.batch_rows, fixed)
-                if keys and not shapes.layout.unbatched:  # zeros are values it takes
+                refused = memory.problem()  # what init() refuses before it allocates
+                if refused is not None:
+                    problems = (refused,)
+                elif keys and not shapes.layout.unbatched:  # zeros are values it takes
                     probed, verdict = probe_session(
                         model.name, session, shapes.layout, rows, keys[0]
                     )
@@ -117,11 +120,7 @@ def format_memory(reports: Sequence[ModelReport]) -> str:
     rows: list[list[object]] = []
     for r in reports:
         m = r.memory
-        fits = (
-            "n/a"
-            if m.budget_bytes is None
-            else ("yes" if m.static_bytes <= m.budget_bytes else "NO")
-        )
+        fits = "NO" if m.problem() is not None else "n/a" if m.budget_bytes is None else "yes"
         buffers = megabytes(m.buffer_bytes)
         rows.append(
             [
@@ -153,5 +152,5 @@ def format_reports(reports: Sequence[ModelReport]) -> str:
     lines.append("instance, which is also what each extra stream costs (+dyn: dims known only at")
     lines.append("run time are not counted); static = (file + buffers x streams) x instances,")
     lines.append("plus a stateful model's state lanes, which init() refuses when it exceeds")
-    lines.append("memory_budget_mb")
+    lines.append("memory_budget_mb or this machine's memory")
     return "\n".join(lines)
