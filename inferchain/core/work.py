@@ -4,8 +4,9 @@
 call (same shape key): the Scheduler admits it as a whole, the batcher cuts it into runs of
 batches by row ranges (`Slice`), and the outputs come back as views of the batch outputs,
 split only at the end. Per-item `Request`s ride along in `requests` where the caller asked
-for them; a Work without them ("bulk") keeps its results per row range in `pieces`. A batch of sequence steps
-is a Work too, whose `steps` record says which state lanes its rows read and write.
+for them; a Work without them ("bulk") keeps its results per row range in `pieces`. A batch
+of sequence steps is a Work too, whose `steps` record says which state lanes its rows read
+and write.
 
 A Work is built by one of its named constructors (`for_items`, `for_steps`, `rejected`) and
 changes state only through its own methods (`admit`, `start`, `finish`). Who writes what
