@@ -72,6 +72,7 @@ class OfflineInference:
         self._models: dict[str, LoadedModel] = {}  # after init()
         self._specs: dict[str, WorkSpec] = {}  # after init(): each model's intake
         self._engine: ExecutionEngine | None = None
+        self._inbox = Inbox()  # the engine's (made at init)
         self._sequences = Sequences()  # the sequence layer: step batchers, runners (init)
         self._pipeline: Pipeline | None = None
         self._idle_flush = idle_flush(self)  # what map() calls before it blocks
@@ -116,9 +117,10 @@ class OfflineInference:
         )
         engine.start()
         self._specs = {
-            name: WorkSpec(m, self._take_ids, engine.cancelled) for name, m in self._models.items()
+            name: WorkSpec(m, self._take_ids, inbox.cancel) for name, m in self._models.items()
         }
         self._engine = engine
+        self._inbox = inbox  # the engine's: requests by id (`depends_on`) and the books
         self._phase = "running"
         if pipeline is not None:
             try:
@@ -522,13 +524,13 @@ class OfflineInference:
         return found
 
     def _resolve(self, depends_on: Iterable[Request | int]) -> tuple[Request, ...]:
-        engine = self._running_engine()
+        self._running_engine()
         deps = []
         for d in depends_on:
             if isinstance(d, Request):
                 deps.append(d)
                 continue
-            found = engine.lookup(d)
+            found = self._inbox.lookup(d)
             if found is not None:
                 deps.append(found)
             elif not 0 < d < self._next_id:

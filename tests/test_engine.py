@@ -120,7 +120,7 @@ class Harness:
             rows=rows,
             submitted=at,
             per_item=per_item,
-            on_cancel=self.engine.cancelled,
+            on_cancel=self.engine._inbox.cancel,
         )
         self.next_id += rows
         return work

@@ -8,7 +8,7 @@ thread runs it:
    to their Works and Requests, and the Scheduler releases what finished works held;
 2. `_take_submissions`: new Works into the Scheduler (admitted at once where they fit), then
    the cancels callers made;
-3. `_take_due_steps`: sequence steps whose batching window passed (`Sequences.due`);
+3. the sequence steps whose batching window passed (`Sequences.due`);
 4. `Scheduler.schedule(now)` until it has nothing more (`_apply`): admitted works go to
    their model's batcher, expired and failed ones end;
 5. the partial batches of `batching: fill` / `wait` models that a flush asked for may leave;
@@ -57,6 +57,7 @@ log = get_logger(__name__)
 
 S = RequestState
 _INF = float("inf")
+Skip = set[BatchKey]  # groups pinned to an instance with no room now
 
 
 class ExecutionEngine:
@@ -104,7 +105,7 @@ class ExecutionEngine:
         with self._lock:  # a caller's thread may be running a run on a session
             self._closing = True
             self._take_results()
-            while self._inline:
+            while self._inline:  # settled by their callers, or here once posted
                 self._inline_back.wait()
                 self._take_results()
             self._halted = True  # no run goes to a worker after its stop
@@ -129,43 +130,62 @@ class ExecutionEngine:
         returns once they finished it). An interrupt of this thread in a run (e.g.
         KeyboardInterrupt) ends the work's rows not yet run, then is raised here."""
         self._inbox.submit(work, block=True, bounded=True, wake=False)  # stepped here
-        result: RunResult | None = None
-        while True:
-            with self._lock:
-                timeout = None
-                if result is not None:
-                    self._on_result(result)
-                    if result.interrupt is not None:
-                        why = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
-                        self.ledger.drop_rows(work, why, S.CANCELLED)
-                here = None
-                if work.state < S.DONE and (result is None or result.interrupt is None):
-                    timeout = self._step(time.perf_counter(), work)
-                    if self._here:
-                        here = self._here.pop()
-                if here is None:  # the rest is the loop's: what waits, what runs after a step
+        result: RunResult | None = None  # the last inline run's, not yet settled
+        here: tuple[ModelWorker, Run] | None = None  # the inline run in hand, not yet back
+        try:
+            while True:
+                with self._lock:
+                    timeout = None
+                    if result is not None:
+                        self._on_result(result)
+                        if result.interrupt is not None:
+                            raise result.interrupt
+                        result = None
                     if work.state < S.DONE:
-                        work.arm()
-                    ledger, batcher = self.ledger, self._models[work.model].batcher
-                    later = (
-                        timeout is not None
-                        or work.deadline is not None
-                        or bool(ledger.landed or ledger.listening or batcher.num_ready)
-                    )
-                    later = later or self._scheduler.num_waiting > 0
-                    break
-            worker, run = here
-            try:  # the inline executor: the run on this thread, outside the lock
-                result = worker.execute(run)
-            except BaseException as e:  # an interrupt outside the run's batches: all failed
-                interrupted = RequestCancelled(f"run of {run.model!r} interrupted")
-                result = failed_run(run, worker.name, interrupted, time.perf_counter())
-                result = result._replace(interrupt=e)
-        if later or (result is not None and result.interrupt is not None):
+                        timeout = self._step(time.perf_counter(), work)
+                        here = self._here.pop() if self._here else None
+                    if here is None:  # the rest is the loop's: what waits, what runs after
+                        if work.state < S.DONE:
+                            work.arm()
+                        later = timeout is not None or work.deadline is not None
+                        later = later or self._leaves_work(work.model)
+                        break
+                worker, run = here
+                try:  # the inline executor: the run on this thread, outside the lock
+                    result = worker.execute(run)
+                except BaseException as e:  # an interrupt outside the run's batches
+                    interrupted = RequestCancelled(f"run of {run.model!r} interrupted")
+                    result = failed_run(run, worker.name, interrupted, time.perf_counter())
+                    result = result._replace(interrupt=e)
+                here = None
+        except BaseException:  # e.g. KeyboardInterrupt: nothing of the work is left hanging
+            self._interrupted(work, result, here)
+            raise
+        if later:
             self._inbox.wake()
-        if result is not None and result.interrupt is not None:
-            raise result.interrupt
         return work.state >= S.DONE
+
+    def _leaves_work(self, model: str) -> bool:
+        """Under `_lock`, after a caller's last step: the loop has something to do (code to
+        run after a step, rows the caller's run held up, works waiting for room)."""
+        ready, waiting = self._models[model].batcher.num_ready, self._scheduler.num_waiting
+        return bool(self.ledger.landed or self.ledger.listening or ready or waiting)
+
+    def _interrupted(
+        self, work: Work, result: RunResult | None, here: tuple[ModelWorker, Run] | None
+    ) -> None:
+        """The caller's thread was interrupted in `run_until`: settle its inline run (a
+        failed one where it never came back), end the work's rows not yet run."""
+        with self._lock:
+            lost = [*self._here, *([here] if here is not None and result is None else [])]
+            why = RequestCancelled(f"work {work.id} ({work.model}) was interrupted")
+            now, self._here = time.perf_counter(), []
+            results = [result] if result is not None else []
+            results += [failed_run(run, worker.name, why, now) for worker, run in lost]
+            for r in (r for r in results if r.run in self._inline):  # not yet settled
+                self._on_result(r)
+            self.ledger.drop_rows(work, why, S.CANCELLED)
+        self._inbox.wake()
 
     def flush(self, *, if_stalled: bool = False) -> None:
         """Send the partial batches of `batching: fill` / `wait` models as they are (any
@@ -177,16 +197,13 @@ class ExecutionEngine:
             self._flush = True
         self._inbox.wake()
 
-    def cancelled(self, item: Request | Work) -> None:
-        """A request was cancelled, or a work's untaken rows should be (any thread)."""
-        self._inbox.cancel(item)
-
     def cancel_all(self) -> int:
         """Cancel every request and work not yet running; returns how many requests."""
         with self._lock:
             works = list(self._inbox.submitted)
-            for m in self._models.values():
-                works.extend(w for g in m.batcher.groups.values() for w in g)
+            works.extend(
+                w for m in self._models.values() for g in m.batcher.groups.values() for w in g
+            )
             works.extend(self._scheduler.waiting_works())
             works.extend(s.work for run in self._inline for s in run.slices)  # not yet run
         for work in works:
@@ -198,10 +215,6 @@ class ExecutionEngine:
         """WaitForAllTaskDone: True once every submitted work has finished and no worker is
         re-initialising (within `timeout` seconds in all)."""
         return self._inbox.wait_all(timeout)
-
-    def lookup(self, id: int) -> Request | None:
-        """Request `id` while it is live or after it ended without outputs (any thread)."""
-        return self._inbox.lookup(id)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -242,7 +255,12 @@ class ExecutionEngine:
             self._take_results()
         if inbox.submitted or inbox.cancelled:
             self._take_submissions(now)
-        next_due = self._take_due_steps(now) if self._sequences.batchers else _INF
+        next_due = _INF
+        if self._sequences.batchers:  # phase 3: sequence steps whose window passed
+            works, next_due = self._sequences.due(now)
+            for work in works:  # taken in at once, by this step
+                self._inbox.register(work)
+                self._scheduler.add(work)
         plan = self._scheduler.schedule(now)
         while plan is not EMPTY_PLAN:  # ending rows may unblock, fail or make room for others
             self._apply(plan)
@@ -309,14 +327,6 @@ class ExecutionEngine:
         for item in cancels:
             self.ledger.on_cancelled(item)
 
-    def _take_due_steps(self, now: float) -> float:
-        """Phase 3: sequence steps that leave now; returns when the next window ends."""
-        works, next_due = self._sequences.due(now)
-        for work in works:  # taken in at once, by this step
-            self._inbox.register(work)
-            self._scheduler.add(work)
-        return next_due
-
     def _ready(self, work: Work, now: float) -> None:
         """An admitted work joins its model's batcher."""
         self._models[work.model].batcher.add(work)
@@ -338,13 +348,8 @@ class ExecutionEngine:
         """Nothing can run but partial batches of `batching: fill` / `wait` models."""
         if self._inbox.submitted or self._scheduler.num_waiting:
             return False
-        for model in self._models.values():
-            batcher = model.batcher
-            if model.busy or (batcher.num_ready and not (batcher.fill or batcher.wait)):
-                return False
-            if self._sequences.num_pending(model.name):
-                return False
-        return True
+        seq = self._sequences
+        return all(m.stalled and not seq.num_pending(m.name) for m in self._models.values())
 
     def _dispatch(self, model: WorkerSet, now: float, caller: Work | None) -> float:
         """Phase 6: send what is due to free (worker, stream) pairs, one run each; returns
@@ -363,7 +368,7 @@ class ExecutionEngine:
         mine = caller is not None and caller.model == model.name and caller.state < S.DONE
         here = mine and model.inline
         batcher = model.batcher
-        skip: set[BatchKey] = set()  # groups pinned to an instance with no room now
+        skip: Skip = set()
         while room and batcher.groups:
             key, partial, pin, due_at = batcher.due(now, all_idle, skip, caller)
             if key is None:
@@ -402,12 +407,7 @@ class ExecutionEngine:
         return _INF
 
     def _route(
-        self,
-        model: WorkerSet,
-        key: BatchKey,
-        pin: int | None,
-        room: dict[int, int],
-        skip: set[BatchKey],
+        self, model: WorkerSet, key: BatchKey, pin: int | None, room: dict[int, int], skip: Skip
     ) -> int | None:
         """The worker (index) group `key`'s next run goes to: the least loaded with room
         (fewest runs in flight, then the most room), or the instance its sequence steps

@@ -430,6 +430,7 @@ class ModelWorker:
         failed: list[int] = []
         stages: list[dict[str, float]] = []
         error, stop = flight.error, None
+        was_healthy = self.healthy  # a run collected during a re-load turns it no more
         batches = -(-run.rows // run.size)
         first = run.slices[0].work
         session = self.session
@@ -470,7 +471,7 @@ class ModelWorker:
             rows = len(outcomes) * run.size
             rest, run = run.rest(rows), run.head(rows)
         timing = self._timing(flight, ends, tuple(failed), tuple(stages))
-        recovering = not self.healthy and stop is None
+        recovering = was_healthy and not self.healthy and stop is None
         result = RunResult(run, outcomes, timing, stop if inline else None, recovering, bool(rest))
         return result, rest, None if inline else stop
 

@@ -84,6 +84,13 @@ class WorkerSet:
         """Some worker has a run in flight."""
         return any(self.in_flight)
 
+    @property
+    def stalled(self) -> bool:
+        """Nothing of the model runs, and nothing is ready but partial batches that wait
+        for a flush (`batching: fill` / `wait`)."""
+        b = self.batcher
+        return not self.busy and not (b.num_ready and not (b.fill or b.wait))
+
     def take_stream(self, w: ModelWorker, inline: bool = False) -> int:
         """A free stream of `w` for a run (held by an inline run with `inline`)."""
         self.in_flight[w.index] += 1
