@@ -12,8 +12,14 @@ own names.sqlite3, on the same cores (the machine's 2):
               batches (`batching: fill`, one thread), one decoder sequence of 2 beams per
               unit, the steps of every live unit batched together on two one-thread
               decoder instances (the recipe's own session options)
-Target: inferchain >= 1.3x the package. Every side's hypotheses (texts and scores) must be
-identical to the package's.
+  ceiling_*   the job's ceiling (`ceilings.py`), timed in the same rounds: the encoder in the
+              package's batches and the decoder's step rows (every live beam of every step,
+              counted on one run of the continuous loop, dealt to the encoder batches by
+              their units) in full batches of the recipe's decoder max_batch_size at each
+              encoder batch's width, on bare one-thread sessions, over the machine's cores.
+              Beam search on the host is left out: the bound is the models'.
+Target: inferchain >= 1.3x the package, >= 90 % of the ceiling. Every side's hypotheses
+(texts and scores) must be identical to the package's.
 Run: `python benchmarks/bench_romanize.py [--quick]`; writes benchmarks/results/bench_romanize.json
 (a quick run: out/benchmarks/).
 """
@@ -24,6 +30,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from ceilings import bare_session, cores, cpu_bound, fraction, model_seconds
 from common import interleave, median, table, timed, write_results
 
 import inferchain as ic
@@ -69,11 +77,23 @@ def main() -> None:
         "continuous": timed(continuous),
         "inferchain": timed(recipe),
     }
+    full = next(m for m in oi.recipe.models if m.name == "decoder").max_batch_size
+    enc_feeds, dec_feeds = ceiling_feeds(beam, ideal, spec, units, encoder, decoder, full)
+    res = beam.resources_dir()
+    bare_encoder, bare_decoder = (
+        bare_session(str(res / f)) for f in ("encoder.onnx", "decoder.onnx")
+    )
+    sides["ceiling_encoder"] = model_seconds(bare_encoder, enc_feeds)
+    sides["ceiling_decoder"] = model_seconds(bare_decoder, dec_feeds)
     try:
         samples_s = interleave(sides, rounds)
         steps = oi.stats().models["decoder"].sequences
     finally:
         oi.close()
+    ncores = cores()
+    stages = [samples_s.pop("ceiling_encoder"), samples_s.pop("ceiling_decoder")]
+    ceiling = cpu_bound(stages, ncores)
+    of_ceiling = fraction(ceiling, samples_s["inferchain"])
     identical = {name: out == outputs["package"] for name, out in outputs.items()}
     secs = {k: median(v) for k, v in samples_s.items()}
     rows = [("side", "seconds", "names/s", "x package", "identical")]
@@ -81,6 +101,9 @@ def main() -> None:
         rows.append(
             (name, f"{s:.3f}", f"{n / s:.0f}", f"{secs['package'] / s:.2f}", str(identical[name]))
         )
+    sec = median(ceiling)
+    rows.append((f"ceiling ({ncores} cores)", f"{sec:.3f}", f"{n / sec:.0f}",
+                 f"{secs['package'] / sec:.2f}", f"inferchain at {of_ceiling:.0%}"))  # fmt: skip
     print(f"{n} units, {rounds} rounds (medians), {args.threads} threads, {args.slots} slots")
     print(table(rows))
     path = write_results(
@@ -101,11 +124,61 @@ def main() -> None:
             "hypotheses_identical": identical,
             "target": ">= 1.3x",
             "decoder_steps": None if steps is None else steps.to_dict(),
+            "ceiling": {
+                "seconds": median(ceiling),
+                "encoder_s": median(stages[0]),
+                "decoder_s": median(stages[1]),
+                "decoder_batches": len(dec_feeds),
+                "cores": ncores,
+                "inferchain_fraction": of_ceiling,
+            },
         },
     )
     print(f"wrote {path}")
     if not all(identical.values()):
         raise SystemExit("hypotheses differ from the package's")
+
+
+class _CountingDecoder:
+    """A decoder session that counts the rows of every step it runs."""
+
+    def __init__(self, session: Any) -> None:
+        self.session, self.rows = session, 0
+
+    def run(self, names: Any, feed: dict[str, np.ndarray]) -> Any:
+        self.rows += len(feed["prefix"])
+        return self.session.run(names, feed)
+
+
+def ceiling_feeds(
+    beam: Any, ideal: Any, spec: Any, units: list[str], encoder: Any, decoder: Any, full: int
+) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+    """The encoder's feeds (the package's batches) and the decoder's (the job's step rows in
+    full batches of `full` rows, each encoder batch's share at its own width)."""
+    counting = _CountingDecoder(decoder)
+    ideal.continuous_hypotheses(encoder, counting, spec, units)
+    pad, batch = spec.vocab.pad_id, ideal.ENCODE_BATCH
+    from arabic_name_romanizer.inference import pad_batch
+
+    enc_feeds, dec_feeds = [], []
+    for i in range(0, len(units), batch):
+        src, mask = pad_batch([spec.source_ids(u) for u in units[i : i + batch]], pad)
+        enc_feeds.append({"src": src, "src_mask": mask})
+        encoded = beam.encode_chunk(
+            encoder, [spec.source_ids(u) for u in units[i : i + batch]], pad
+        )
+        share = round(counting.rows * len(encoded) / len(units))
+        rows = np.arange(full) % len(encoded)
+        feed = {
+            "prefix": np.full((full, 1), spec.vocab.bos_id, dtype=np.int64),
+            "memory": np.stack([encoded[r].memory for r in rows]),
+            "src_mask": np.stack([encoded[r].src_mask for r in rows]),
+            "hidden": np.stack([encoded[r].hidden for r in rows]),
+        }
+        dec_feeds += [feed] * (share // full)
+        if share % full:
+            dec_feeds.append({k: v[: share % full] for k, v in feed.items()})
+    return enc_feeds, dec_feeds
 
 
 if __name__ == "__main__":

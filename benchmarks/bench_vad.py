@@ -9,8 +9,13 @@ Sides, interleaved (A B C ...) after a warm-up round, on the same files:
   inferchain    the recipe (recipes/vad): one sequence per file, steps of many files
                 batched together, 16 chunks per batch (`oi.run(audios)`), the same
                 one-thread session options
-Targets: inferchain >= 3x the package, within 1.3x of the ideal loop. Every side's segments
-must be identical to the package's.
+  ceiling_*     the job's ceiling (`ceilings.py`), timed in the same rounds: every chunk of
+                the job as rows of full step batches (the recipe's max_batch_size) on a bare
+                one-thread session, over the machine's cores; or, where longer, the longest
+                file's chunks one step after the other at batch 1 (its steps cannot overlap).
+                Host work (framing, segments) is left out: the bound is the model's.
+Targets: inferchain >= 3x the package, within 1.3x of the ideal loop, >= 90 % of the
+ceiling. Every side's segments must be identical to the package's.
 Run: `python benchmarks/bench_vad.py [--quick]`; writes benchmarks/results/bench_vad.json
 (a quick run: out/benchmarks/).
 """
@@ -21,6 +26,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from ceilings import bare_session, cores, fraction, model_seconds
 from common import interleave, median, table, timed, write_results
 
 import inferchain as ic
@@ -67,11 +74,21 @@ def main() -> None:
 
     sides = {"package": timed(package)} | {name: timed(loop(name)) for name in sessions}
     sides["inferchain"] = timed(recipe)
+    sizes = [vad.num_chunks(a.size) for a in audios]
+    full = next(m for m in oi.recipe.models if m.name == "vad").max_batch_size
+    bare = bare_session(str(ideal.model_path()))
+    sides["ceiling_full_batches"] = model_seconds(bare, step_feeds(vad, ideal, full, sum(sizes)))
+    sides["ceiling_longest_file"] = model_seconds(bare, step_feeds(vad, ideal, 1, max(sizes)))
     try:
         samples_s = interleave(sides, rounds)
         steps = oi.stats().models["vad"]
     finally:
         oi.close()
+    ncores = cores()
+    throughput = [s / ncores for s in samples_s.pop("ceiling_full_batches")]
+    tail = samples_s.pop("ceiling_longest_file")
+    ceiling = [max(a, b) for a, b in zip(throughput, tail, strict=True)]
+    of_ceiling = fraction(ceiling, samples_s["inferchain"])
     identical = {name: out == outputs["package"] for name, out in outputs.items()}
     secs = {k: median(v) for k, v in samples_s.items()}
     base = secs["package"]
@@ -87,6 +104,12 @@ def main() -> None:
                 str(identical[name]),
             )
         )
+    bound = "the longest file" if median(tail) > median(throughput) else f"{ncores} cores"
+    rows.append(
+        (f"ceiling ({bound})", f"{median(ceiling):.3f}", f"{len(audios) / median(ceiling):.1f}",
+         f"{seconds_of_audio / median(ceiling):.0f}", f"{base / median(ceiling):.2f}",
+         f"inferchain at {of_ceiling:.0%}")
+    )  # fmt: skip
     print(f"{len(audios)} files, {seconds_of_audio:.0f} s of speech, {rounds} rounds (medians)")
     print(table(rows))
     chunks = int(sum(vad.num_chunks(a.size) for a in audios))
@@ -110,11 +133,31 @@ def main() -> None:
             "targets": {"vs_package": ">= 3x", "vs_ideal": "within 1.3x"},
             "inferchain_vs_ideal_1thread": secs["inferchain"] / secs["ideal_1thread"],
             "rows_per_step_batch": steps.mean_batch_size,
+            "ceiling": {
+                "seconds": median(ceiling),
+                "full_batches_over_cores_s": median(throughput),
+                "longest_file_s": median(tail),
+                "cores": ncores,
+                "bound": bound,
+                "inferchain_fraction": of_ceiling,
+            },
         },
     )
     print(f"wrote {path}")
     if not all(identical.values()):
         raise SystemExit("segments differ from the package's")
+
+
+def step_feeds(vad: Any, ideal: Any, batch: int, rows: int) -> list[dict[str, Any]]:
+    """`rows` chunk rows as steps of `batch` rows (the last one partial), in the model's feed."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-0.5, 0.5, (batch, vad.CONTEXT + vad.CHUNK)).astype(np.float32)
+    state = vad.initial_state(batch)
+    feeds = [{"input": x, "state": state, "sr": ideal.SR}] * (rows // batch)
+    if rows % batch:
+        last = rows % batch
+        feeds.append({"input": x[:last], "state": state[:, :last], "sr": ideal.SR})
+    return feeds
 
 
 if __name__ == "__main__":
