@@ -162,8 +162,10 @@ def _checked(model: ModelConfig) -> dict[str, Any]:
             "(max_batch_size >= 1)"
         )
     override: dict[str, Any] = {"batching": "fill", "warmup": False}
-    if model.state:
-        override |= {"state": {}, "constant": []}
+    if model.state:  # a carried output keeps its rows where its input has them
+        axes = {out: model.inputs.get(i) for out, i in model.state.items()}
+        outputs = {o: {"batch_axis": c.batch_axis} for o, c in axes.items() if c is not None}
+        override |= {"state": {}, "constant": [], "outputs": outputs}
     padded = any(c.pad is not None for c in model.inputs.values())
     if padded and model.shapes.strategy == "dynamic":
         override["shapes"] = {**_shapes(model), "strategy": "longest"}
