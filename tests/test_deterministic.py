@@ -124,9 +124,7 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
     ("name", "warned"),
     [("orientation", ["orientation"]), ("vad", ["vad"]), ("romanize", ["decoder"])],
 )
-def test_resume_names_the_models_whose_batches_it_forms_anew(
-    name: str, warned: list[str]
-) -> None:
+def test_resume_names_the_models_whose_batches_it_forms_anew(name: str, warned: list[str]) -> None:
     """Anchored fill batches (the romanize encoder) are a resume's as they were; the
     others are warned about unless deterministic."""
     try:
