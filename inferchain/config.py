@@ -401,6 +401,7 @@ class ModelConfig(_Schema):
         "max_sequences": int,
         "constant": list,
         "batching": str,
+        "deterministic": (bool, None),
         "params": dict,
         "precision": str,
         "tolerance": ToleranceConfig,
@@ -442,6 +443,10 @@ class ModelConfig(_Schema):
     # fill: only full, or at a flush (`OfflineInference.flush()`, the end of a run's input,
     # wait_all, close): batches of consecutive rows, the same for the same inputs
     batching: str = attrs.field(default="window", validator=_one_of("window", "wait", "fill"))
+    # every batch at one shape: `batch_rows` rows (padded) of items each padded to a shape of
+    # its own (`shapes.buckets`), so a row's outputs never depend on what shares its batch
+    # (docs/recipes.md); None: the recipe's `deterministic` (filled in by Recipe.from_dict)
+    deterministic: bool | None = None
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
     # the arithmetic the backend runs the model in; below f32 it is checked at init()
     # against f32 on `reference` within `tolerance` (docs/precision.md)
@@ -459,6 +464,12 @@ class ModelConfig(_Schema):
     def batch_rows(self) -> int:
         """Rows in one batch buffer: `max_batch_size`, or 1 for a model that does not batch."""
         return max(self.max_batch_size, 1)
+
+    @property
+    def fixed_rows(self) -> int | None:
+        """The rows every batch runs at (`deterministic`), or None where a batch runs at
+        its own rows (or the model's fixed batch, the backend's to know)."""
+        return self.batch_rows if self.deterministic and self.max_batch_size > 0 else None
 
     @property
     def num_slots(self) -> int:
@@ -483,6 +494,7 @@ class Recipe(_Schema):
         "host_processes": (int, None),
         "inputs": (str, None),
         "extra": (str, None),
+        "deterministic": bool,
         "params": dict,
     }
     name: str = attrs.field(validator=_a_name)
@@ -502,6 +514,8 @@ class Recipe(_Schema):
     # the inferchain extra that installs what the recipe needs (its models' packages, its
     # pipeline's imports): named with its pins when something is missing
     extra: str | None = None
+    # every model `deterministic` unless it says otherwise (`inferchain run --deterministic`)
+    deterministic: bool = False
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
     source: Path = Path("<memory>")  # the YAML file it came from
 
@@ -543,6 +557,11 @@ class Recipe(_Schema):
         if len(set(names)) != len(names):
             raise ConfigError(f"{source}: model names must be unique, got {names}")
         raw["models"] = _resolve_handovers(raw["models"], source)
+        every = raw.get("deterministic", False)
+        raw["models"] = [
+            attrs.evolve(m, deterministic=every is True) if m.deterministic is None else m
+            for m in raw["models"]
+        ]
         for i, p in enumerate(raw.get("providers") or ()):
             if not isinstance(p, str | dict):
                 raise ConfigError(f"{source}: key 'providers[{i}]' must be str or mapping")
@@ -684,6 +703,12 @@ def recipe_file(path: str | Path) -> Path:
             "`inferchain info` and `inferchain compare` take model files"
         )
     return source
+
+
+def deterministic(recipe: Recipe) -> Recipe:
+    """`recipe` with every model `deterministic` (`inferchain run --deterministic`)."""
+    models = tuple(attrs.evolve(m, deterministic=True) for m in recipe.models)
+    return attrs.evolve(recipe, models=models, deterministic=True)
 
 
 def load_recipe(path: str | Path, **overrides: Any) -> Recipe:

@@ -184,16 +184,19 @@ def probe_session(
     batch_rows: int,
     key: Sequence[tuple[int, ...]],
     run: Callable[[list[np.ndarray], int], Sequence[np.ndarray]] | None = None,
+    padded: int | None = None,
 ) -> tuple[OutputProbe, Verdict]:
     """Probe a loaded `session` with zeros of item shapes `key` and judge what it returns
     (`init()` on a worker's thread, `inferchain info` on its own); `run`: what runs it
-    (default `session.run`)."""
+    (default `session.run`); `padded`: the batch the session pads every batch to (default
+    its fixed batch; a deterministic model's rows)."""
     dtypes = [t.dtype for t in session.inputs]
+    fixed = session.max_batch_size if padded is None else padded
     seen = probe(
         run or session.run,
         lambda n: zeros_feed(key, dtypes, layout.inputs, n),
-        probe_sizes(batch_rows, session.max_batch_size),
-        session.max_batch_size,
+        probe_sizes(batch_rows, fixed),
+        fixed,
     )
     return seen, judge(model, session.outputs, layout.outputs, seen)
 

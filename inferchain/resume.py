@@ -7,6 +7,10 @@ line is an item), the same from any working directory. A record is one JSON line
 (`parse_line`) as the same string, so `os.fsencode` gives the name's bytes again. On a
 resume, the records kept are matched back to input positions (`match_positions`): in
 input order, one record per position, a file given twice (or two links to it) twice.
+
+Byte for byte also needs each row's outputs to be the ones it had: `batches_formed_anew`
+names the models whose batches a resume forms anew (so a row may share its batch with
+others than in a run straight through), which `inferchain run --resume` warns about.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from inferchain.config import Recipe
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -88,3 +94,29 @@ def match_positions(found: Sequence[str | None], inputs: Sequence[str]) -> list[
         last = max(last, position)
         matched.append(position)
     return matched
+
+
+def batches_formed_anew(recipe: Recipe) -> list[str]:
+    """The models of `recipe` whose rows a resumed job may run beside other rows than a run
+    straight through did: all but those that run every batch at one shape
+    (`deterministic`), those whose batches are a function of input positions (`batching:
+    fill`, anchored by the pipeline) and those that run each item alone at its own shape
+    (at most one row a batch, no `longest` or `auto` padding, no state)."""
+    return [
+        m.name
+        for m in recipe.models
+        if not m.deterministic
+        and m.batching != "fill"
+        and (m.batch_rows > 1 or m.state or m.shapes.strategy in ("longest", "auto"))
+    ]
+
+
+def resume_warning(model: str) -> str:
+    """The one line `run --resume` prints for a model of `batches_formed_anew`."""
+    return (
+        f"warning: --resume: model {model!r} is not deterministic: its resumed rows run in "
+        "other batches than a run straight through, and where its outputs depend on what "
+        "shares a batch (`inferchain compare --batch-invariance`) their last digits may "
+        "differ; for byte-identical results run with --deterministic or set "
+        "`deterministic: true`"
+    )

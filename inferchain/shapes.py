@@ -10,6 +10,11 @@
   dim (the batch's envelope); outputs keep the padded shape unless `crop_outputs` says.
 
 Padded rows hold the input's `pad` (recipe `inputs: {NAME: {pad: ...}}`), else `pad_value`.
+
+A `deterministic` model pads each item to a shape that is a function of the item alone: its
+own shape (`dynamic`, a static model), its one shape (`fixed`) or its bucket (`buckets`;
+with `dynamic`, `longest` or `auto`, the `buckets` given are used as `buckets`). `longest`
+and `auto` without `buckets` depend on what shares a batch or came first: refused.
 """
 
 from __future__ import annotations
@@ -34,6 +39,17 @@ log = get_logger(__name__)
 Shape = tuple[int, ...]
 ShapeKey = tuple[Shape, ...]  # one item shape per model input
 _KEYS_KEPT = 64  # (item shapes, unbatched values) whose keys `keys()` remembers
+
+
+_BATCH_SHAPED = ("longest", "auto")  # strategies whose item shapes depend on other items
+
+
+def _deterministic_strategy(model: ModelConfig, strategy: str) -> str:
+    """The strategy of a deterministic model: `buckets` where buckets are given to a
+    strategy that would otherwise keep or share shapes (`dynamic`, `longest`, `auto`)."""
+    if model.shapes.buckets and strategy in ("dynamic", *_BATCH_SHAPED):
+        return "buckets"
+    return strategy
 
 
 def fits(shapes: ShapeKey, bucket: ShapeKey) -> bool:
@@ -131,6 +147,8 @@ class ShapePolicy:
         self.model = model.name
         # a model that does not batch takes whole inputs: each shape is its own batch
         self.strategy = config.strategy if model.max_batch_size > 0 else "dynamic"
+        if model.deterministic:
+            self.strategy = _deterministic_strategy(model, self.strategy)
         self.pad_values: tuple[float | bool, ...] = tuple(
             config.pad_value if c is None or c.pad is None else c.pad
             for c in (model.inputs.get(t.name) for t in inputs)
@@ -145,6 +163,12 @@ class ShapePolicy:
         self._sample: list[ShapeKey] = []
         self._keys: dict[tuple[ShapeKey, Hashable], tuple[ShapeKey, Hashable]] = {}  # keys()
         static = model.max_batch_size > 0 and all(None not in s for s in self._item_shapes)
+        if model.deterministic and not static and self.strategy in _BATCH_SHAPED:
+            raise ConfigError(
+                f"model {model.name!r}: deterministic: true pads each item to a shape of its "
+                f"own, and shapes strategy {self.strategy!r} pads it to what shares its batch "
+                "(or came first): give `shapes.buckets`, the shapes items are padded to"
+            )
         self.buckets: list[ShapeKey] = self._buckets(config.buckets, static, len(inputs))
         # every item's key is its own shapes: nothing is ever padded, nor keys derived later
         self.keeps_shapes = static or self.strategy == "dynamic"

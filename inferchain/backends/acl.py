@@ -176,6 +176,7 @@ class AclSession(Session):
         self._in_axes: tuple[Axis, ...] = ()  # per data input, the dim of its rows
         self._out_axes: tuple[int, ...] = ()  # per output
         self._batch = 1  # rows the model runs: compiled batch or largest gear
+        self._floor = 1  # rows a batch runs at least: a deterministic model's gear
         self._batching = model.max_batch_size > 0
         self.num_streams = model.streams or DEFAULT_STREAMS
         self.inputs = ()
@@ -278,6 +279,7 @@ class AclSession(Session):
             self._read_gears(data_slots)
         self._batch = self._compiled_batch(data_slots)
         self.max_batch_size = self._batch
+        self._floor = min(self._model.fixed_rows or 1, self._batch)
         if self._batching and self._model.max_batch_size > self._batch:
             log.warning(
                 "acl_max_batch_size_above_model",
@@ -366,9 +368,11 @@ class AclSession(Session):
 
     def padded_rows(self, rows: int) -> int:
         """The rows the model runs for a batch of `rows`: the smallest batch gear (or dims
-        gear's batch) that holds them, else the compiled batch."""
+        gear's batch) that holds them (a deterministic model's: them and its max batch),
+        else the compiled batch."""
         if not self._batching:
             return rows
+        rows = max(rows, self._floor)
         if self._batch_gears:
             return batch_gear(self._batch_gears, min(rows, self._batch))
         if self._dims_gears:
@@ -496,7 +500,7 @@ class AclSession(Session):
                 _stand_in(columns[k], s) if k in columns else _contiguous(a, s.dtype)
                 for k, (a, s) in enumerate(zip(inputs, data, strict=True))
             ]
-            run = self._select_gear(buffer_set, arrays, rows)
+            run = self._select_gear(buffer_set, arrays, max(rows, self._floor))
             shapes = self._output_shapes(rows, run)
             self.last_stages = None
             if buffer_set.leases or buffer_set.pinned:  # no sync settled them: until close

@@ -52,8 +52,15 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--batch-invariance",
         metavar="RECIPE",
         help="instead of A against B: run the items RECIPE's pipeline gives each model (or "
-        "--model) at batch sizes 1, a middle one and the maximum, and shuffled; per output the "
-        "largest difference from batches of 1 and the share of bit-identical items",
+        "--model; a stateful model: the rows of its step batches) at batch sizes 1, a middle "
+        "one and the maximum, and shuffled; per output the largest difference from batches "
+        "of 1 and the share of bit-identical items (default tolerance 0: bit-identical)",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="with --batch-invariance: run every model `deterministic: true` (each batch at "
+        "its max batch, items at a shape of their own); it must pass then",
     )
     p.add_argument(
         "--precision",
@@ -156,31 +163,51 @@ def precision(args: argparse.Namespace) -> int:
 
 def batch_invariance(args: argparse.Namespace) -> int:
     """`--batch-invariance RECIPE`: the recipe's pipeline over its inputs, recording what
-    each model is given, then those items again at several batch sizes."""
+    each model is given (items; the rows of a stateful model's step batches), then those
+    again at several batch sizes."""
+    from inferchain.tools.invariance import check_invariance
+
+    items = _recorded(args)
+    rtol, atol = _or(args.rtol, 0.0), _or(args.atol, 0.0)
+    report = check_invariance(
+        args.batch_invariance, items, rtol=rtol, atol=atol, strict=args.deterministic
+    )
+    print(report.format())
+    return 0 if report.passed else 1
+
+
+STEP_ROWS = 1024  # step rows kept per stateful model for the check
+
+
+def _recorded(args: argparse.Namespace) -> dict[str, list[Any]]:
+    """What the recipe's pipeline gives each model over the inputs (`--model`: one)."""
+    from inferchain.backends.factory import make_backend
     from inferchain.cli.run_job import FileReader
     from inferchain.config import load_recipe
     from inferchain.driver import PipelineDriver
     from inferchain.offline import OfflineInference
     from inferchain.sources import input_files, input_items, sources_of
-    from inferchain.tools.invariance import capture_items, check_invariance, items_of
+    from inferchain.tools.batch_rows import RecordingBackend
+    from inferchain.tools.invariance import capture_items, items_of
 
     recipe = load_recipe(args.batch_invariance)
+    stateful = [m.name for m in recipe.models if m.state]
+    one = {m: {"streams": 1} for m in stateful}  # batches one at a time, as recorded
+    recipe = load_recipe(args.batch_invariance, models=one)
+    backend = RecordingBackend(make_backend(recipe), stateful, STEP_ROWS)
     sources = sources_of(recipe, args.input)
-    with OfflineInference(recipe) as oi:
+    with OfflineInference(recipe, backend=backend) as oi:
         pipeline = oi.pipeline
         files = input_items(input_files(sources, pipeline), pipeline)[: args.limit]
         driver = PipelineDriver(FileReader(pipeline), on_error="return")
         with capture_items(oi) as items:
             items_of(driver.run(enumerate(files)))
+    items = {m: rows for m, rows in items.items() if m not in stateful} | backend.kept
+    items = {m: items[m] for m in [m.name for m in recipe.models] if m in items}
     if args.model is not None:
         recipe.model(args.model)  # ConfigError naming it when there is none
-        items = {args.model: items.get(args.model, [])}
-    else:  # the models that batch and carry no state
-        items = {m: rows for m, rows in items.items() if not recipe.model(m).state}
-    rtol, atol = _or(args.rtol, DEFAULT_RTOL), _or(args.atol, DEFAULT_ATOL)
-    report = check_invariance(args.batch_invariance, items, rtol=rtol, atol=atol)
-    print(report.format())
-    return 0 if report.passed else 1
+        return {args.model: items.get(args.model, [])}
+    return {m: rows for m, rows in items.items() if recipe.model(m).max_batch_size}
 
 
 def _or(value: float | None, default: float) -> float:

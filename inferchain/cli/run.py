@@ -10,6 +10,7 @@ earlier run's results in the way, the folder in use by another run).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,12 @@ from typing import Any
 from inferchain.cli.options import add_command, positive_int
 from inferchain.cli.run_job import Job, Results, anchored
 from inferchain.cli.tally import Tally, positive_seconds
-from inferchain.config import Recipe, load_recipe
+from inferchain.config import Recipe, deterministic, load_recipe
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
 from inferchain.output_lock import OutputLock
 from inferchain.results import RESULTS, Mode, ResultsFile
+from inferchain.resume import batches_formed_anew, resume_warning
 from inferchain.shards import ShardedResults
 from inferchain.sources import input_files, input_items, sources_of
 from inferchain.tools.progress import Progress
@@ -83,6 +85,13 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="an item not finished S seconds after it started becomes an error line "
         "('timed out after S s') and the run goes on",
     )
+    run.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="every model `deterministic: true`: each batch at its max batch (rows padded), "
+        "items at a shape of their own, so an item's results never depend on what shares "
+        "its batch (a resume, another --max-batch-size, timing); costs the padding",
+    )
     run.add_argument("--ray", action="store_true", help="on Ray Data: RAY_ADDRESS or a local Ray")
     run.add_argument(
         "--concurrency", type=positive_int, default=1, help="with --ray: actors (default 1)"
@@ -91,6 +100,8 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
+    if args.deterministic:
+        recipe = deterministic(recipe)
     out_dir = Path(args.output or Path("out") / recipe.name)
     mode: Mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
     sources = sources_of(recipe, args.input)
@@ -125,6 +136,9 @@ def _run_here(
         files = input_items(input_files(sources, oi.pipeline), oi.pipeline)
         with results:
             done = results.plan([f.key for f in files])
+            if done:  # a resume: say where its bytes may differ from a run straight through
+                for model in batches_formed_anew(recipe):
+                    print(resume_warning(model), file=sys.stderr)
             left = [p for p in range(len(files)) if p not in done]
             todo = left[: args.limit]
             tally = Tally(before=len(files) - len(left), beyond=len(left) - len(todo))

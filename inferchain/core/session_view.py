@@ -46,6 +46,10 @@ class SessionView:
             and not self.moved_outputs
             and not session.reuses_outputs
         )
+        # rows an output may hold beyond a batch's own: the session's fixed batch, or the
+        # rows a deterministic model pads every batch to
+        limit = session.max_batch_size
+        self.padded_batch = limit if limit is not None else model.fixed_rows
         self.buffers = HostBuffers(session.inputs, model.batch_rows, pad, layout.inputs)
         self._sizes: dict[ShapeKey, int] = {}  # elements of one row, per item shape key
         self._runs: dict[tuple[ShapeKey, int, int], tuple[int, int]] = {}  # `elements`, memoised
@@ -110,7 +114,7 @@ class SessionView:
             return tuple(outputs)
         session = self.session
         descs, axes = self.returned
-        padded = session.max_batch_size
+        padded = self.padded_batch
         if self.rows_first:  # the common case, checked without a call
             for o in outputs:
                 if o.ndim == 0 or (len(o) != n and len(o) != padded):

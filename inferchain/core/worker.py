@@ -345,7 +345,13 @@ class ModelWorker:
         session, view = self.session, self.view
         assert session is not None and view is not None
         seen, verdict = probe_session(
-            self.model.name, session, view.layout, self.model.batch_rows, key, self._timed_run
+            self.model.name,
+            session,
+            view.layout,
+            self.model.batch_rows,
+            key,
+            self._timed_run,
+            view.padded_batch,
         )
         self.probed = seen
         for warning in verdict.warnings:

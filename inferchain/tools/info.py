@@ -78,8 +78,9 @@ def describe_recipe(recipe: Recipe, *, acl_module: object | None = None) -> list
                 if refused is not None:
                     problems = (refused,)
                 elif keys and not shapes.layout.unbatched:  # zeros are values it takes
+                    padded = fixed if fixed is not None else model.fixed_rows
                     probed, verdict = probe_session(
-                        model.name, session, shapes.layout, rows, keys[0]
+                        model.name, session, shapes.layout, rows, keys[0], padded=padded
                     )
                     problems = verdict.errors + verdict.warnings
                 if rows < model.batch_rows:  # what init() refuses before it probes

@@ -1,12 +1,20 @@
 """Batch invariance: does a model give an item the same outputs whatever shares its batch?
 
-`inferchain compare --batch-invariance RECIPE` records the items the recipe's pipeline
-submits to each model over the recipe's own inputs (`capture_items`), then runs them again
-through the model in batches of exactly 1, a middle size and the maximum, in input order,
-and at the maximum in a shuffled order (`check_invariance`). Batches of one are the
-reference: each output of each item is compared with it, on the item's own part where a
-batch is padded to its longest row (the part of the shape both have). A model is invariant
-when every element is within `|x - ref| <= atol + rtol * |ref|`.
+`inferchain compare --batch-invariance RECIPE` records what the recipe's pipeline gives each
+model over the recipe's own inputs: the items submitted to a stateless model
+(`capture_items`), and the rows of the step batches a stateful model runs, its carried state
+among their inputs (`inferchain.tools.batch_rows`). It then runs them again through the
+model in batches of exactly 1, a middle size and the maximum, in input order, and at the
+maximum in a shuffled order (`check_invariance`); a step row runs as an item of the model
+without `state:` (a step is a function of its inputs). Batches of one are the reference.
+
+Only real items' rows are compared, each on its own part where a batch is padded to its
+longest row (the part of the shape both have): padded rows and padded positions are never
+counted. A model whose inputs say how they are padded (`inputs: {NAME: {pad: ...}}`, e.g. a
+mask) is run padded to each batch's longest row, as a pipeline that pads its rows (a
+stepper) would. A model is invariant when every element is within
+`|x - ref| <= atol + rtol * |ref|` (default 0 and 0: bit-identical, what a resume promises).
+With `strict` the models run as `deterministic: true` makes them.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from inferchain.config import load_recipe
+from inferchain.config import ModelConfig, deterministic, load_recipe
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
 from inferchain.tools.table import render
@@ -76,12 +84,7 @@ class InvarianceReport:
             for d in self.diffs
         ]
         headers = ["model", "output", "batches", "max abs", "bit-identical", "beyond tol"]
-        verdicts = [
-            f"{m}: batch-invariant within tolerance"
-            if self.invariant(m)
-            else f"{m}: NOT batch-invariant (outputs depend on what shares the batch)"
-            for m in dict.fromkeys(d.model for d in self.diffs)
-        ]
+        verdicts = [self.verdict(m) for m in dict.fromkeys(d.model for d in self.diffs)]
         return "\n".join(
             [
                 f"recipe: {self.recipe}; reference: batches of 1",
@@ -91,6 +94,16 @@ class InvarianceReport:
                 render([*headers, "result"], rows),
                 *verdicts,
             ]
+        )
+
+    def verdict(self, model: str) -> str:
+        """One line: whether `model` is invariant; where not, its largest difference."""
+        if self.invariant(model):
+            return f"{model}: batch-invariant within tolerance"
+        worst = max((d for d in self.diffs if d.model == model), key=lambda d: d.max_abs)
+        return (
+            f"{model}: NOT batch-invariant (outputs depend on what shares the batch): largest "
+            f"difference {worst.max_abs:.3g} ({worst.output}, {worst.run})"
         )
 
 
@@ -117,41 +130,74 @@ def check_invariance(
     recipe: str | Path,
     items: Mapping[str, Sequence[Any]],
     *,
-    rtol: float = 1e-3,
-    atol: float = 1e-5,
+    rtol: float = 0.0,
+    atol: float = 0.0,
     seed: int = 0,
+    strict: bool = False,
 ) -> InvarianceReport:
     """Run each model's `items` in batches of 1, a middle size and the maximum, and at the
-    maximum shuffled, and compare every run with the batches of 1."""
-    names = list(items)
+    maximum shuffled, and compare every run with the batches of 1 (`strict`: every model
+    `deterministic`)."""
     base = load_recipe(recipe)
-    for name in names:
-        config = base.model(name)
-        if config.state or not config.max_batch_size:
-            raise ConfigError(
-                f"model {name!r}: batch invariance is checked for stateless models that batch "
-                "(no `state:`, max_batch_size >= 1)"
-            )
-    # fill batching: a batch is exactly the rows submitted together, sent by a flush
-    overrides = {name: {"batching": "fill", "warmup": False} for name in names}
+    overrides = {name: _checked(base.model(name)) for name in items}
     check = load_recipe(recipe, models=overrides, pipeline=None)
+    if strict:
+        check = deterministic(check)
     diffs: list[RunDiff] = []
     with OfflineInference(check) as oi:
-        for name in names:
-            rows = list(items[name])
-            if not rows:
-                continue
-            largest = check.model(name).batch_rows
-            reference = _run(oi, name, rows, 1)
-            runs = {f"batch {b}": _run(oi, name, rows, b) for b in _sizes(largest)[1:]}
-            order = np.random.default_rng(seed).permutation(len(rows))
-            shuffled = _run(oi, name, [rows[i] for i in order], largest)
-            back = [shuffled[j] for j in np.argsort(order)]
-            runs[f"shuffled, batch {largest}"] = back
-            for run, outputs in runs.items():
-                for output in reference[0]:
-                    diffs.append(_diff(name, output, run, reference, outputs, rtol, atol))
+        for name, given in items.items():
+            rows = list(given)
+            if rows:
+                diffs += _runs(oi, name, rows, check.model(name).batch_rows, rtol, atol, seed)
     return InvarianceReport(str(recipe), rtol, atol, tuple(diffs))
+
+
+def _checked(model: ModelConfig) -> dict[str, Any]:
+    """How the check runs `model`: fill batching (a batch is exactly the rows submitted
+    together, sent by a flush), no warm-up; a stateful model without its state (its step
+    rows are items); padded to each batch's longest row where its inputs say how."""
+    if not model.max_batch_size:
+        raise ConfigError(
+            f"model {model.name!r}: batch invariance is checked for models that batch "
+            "(max_batch_size >= 1)"
+        )
+    override: dict[str, Any] = {"batching": "fill", "warmup": False}
+    if model.state:  # a carried output keeps its rows where its input has them
+        axes = {out: model.inputs.get(i) for out, i in model.state.items()}
+        outputs = {o: {"batch_axis": c.batch_axis} for o, c in axes.items() if c is not None}
+        override |= {"state": {}, "constant": [], "outputs": outputs}
+    padded = any(c.pad is not None for c in model.inputs.values())
+    if padded and model.shapes.strategy == "dynamic":
+        override["shapes"] = {**_shapes(model), "strategy": "longest"}
+    return override
+
+
+def _shapes(model: ModelConfig) -> dict[str, Any]:
+    """The model's `shapes:` as recipe keys."""
+    shapes = attrs.asdict(model.shapes)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in shapes.items()}
+
+
+def _runs(
+    oi: OfflineInference,
+    name: str,
+    rows: list[Any],
+    largest: int,
+    rtol: float,
+    atol: float,
+    seed: int,
+) -> list[RunDiff]:
+    """`rows` of model `name` at each batch size and shuffled, against batches of one."""
+    reference = _run(oi, name, rows, 1)
+    runs = {f"batch {b}": _run(oi, name, rows, b) for b in _sizes(largest)[1:]}
+    order = np.random.default_rng(seed).permutation(len(rows))
+    shuffled = _run(oi, name, [rows[i] for i in order], largest)
+    runs[f"shuffled, batch {largest}"] = [shuffled[j] for j in np.argsort(order)]
+    return [
+        _diff(name, output, run, reference, outputs, rtol, atol)
+        for run, outputs in runs.items()
+        for output in reference[0]
+    ]
 
 
 def _sizes(largest: int) -> list[int]:
