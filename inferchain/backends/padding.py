@@ -22,16 +22,19 @@ def fixed_batch(model: ModelConfig, limit: int | None) -> int | None:
     return limit if limit is not None else model.fixed_rows
 
 
+_SHAPES_KEPT = 8  # buffers kept for this many item shapes (a model's buckets), then renewed
+
+
 class FixedBatch:
     """A model's fixed batch (`limit`; None: it takes any batch): a smaller batch's rows are
-    copied into buffers of the fixed batch (made once, on each input's batch axis; the rows
-    past the batch keep stale values, whose outputs are dropped); an unbatched input passes
-    as it is."""
+    copied into buffers of the fixed batch (made once per item shape, e.g. per bucket, on
+    each input's batch axis; the rows past the batch keep stale values, whose outputs are
+    dropped); an unbatched input passes as it is."""
 
     def __init__(self, limit: int | None, axes: Sequence[Axis]) -> None:
         self.limit = limit  # the model's fixed batch, or None
         self._axes = tuple(axes)  # per input, the dim of its rows (None: unbatched)
-        self._buffers: list[np.ndarray | None] | None = None
+        self._buffers: dict[tuple[object, ...], list[np.ndarray | None]] = {}
 
     def padded_rows(self, rows: int) -> int:
         """The rows a batch of `rows` runs as (`Session.padded_rows`)."""
@@ -42,13 +45,18 @@ class FixedBatch:
         buffers of `limit` rows."""
         if self.limit is None or batch_size >= self.limit:
             return inputs
-        if self._buffers is None:
-            self._buffers = [
+        key = tuple((a.shape if axis is None else _with_dim(a.shape, axis, 0), a.dtype)
+                    for a, axis in zip(inputs, self._axes, strict=True))  # fmt: skip
+        buffers = self._buffers.get(key)
+        if buffers is None:
+            if len(self._buffers) >= _SHAPES_KEPT:
+                self._buffers.clear()
+            buffers = self._buffers[key] = [
                 None if axis is None else np.zeros(_with_dim(a.shape, axis, self.limit), a.dtype)
                 for a, axis in zip(inputs, self._axes, strict=True)
             ]
         out = []
-        for buf, a, axis in zip(self._buffers, inputs, self._axes, strict=True):
+        for buf, a, axis in zip(buffers, inputs, self._axes, strict=True):
             if buf is None or axis is None:
                 out.append(a)
                 continue
