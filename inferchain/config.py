@@ -490,6 +490,7 @@ class Recipe(_Schema):
         "scheduler": SchedulerConfig,
         "models": list,
         "pipeline": (str, None),
+        "threads": str,
         "host_workers": (int, None),
         "host_processes": (int, None),
         "inputs": (str, None),
@@ -505,6 +506,10 @@ class Recipe(_Schema):
     session_options: SessionOptions = attrs.field(factory=SessionOptions)
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     pipeline: str | None = None  # "file.py:ClassName" relative to the recipe's folder
+    # `auto`: instances, session threads and host workers chosen for the cores at
+    # OfflineInference(...) where the models run on the CPU (`inferchain.threads`);
+    # `manual`: as written
+    threads: str = attrs.field(default="manual", validator=_one_of("auto", "manual"))
     # threads for the pipeline's host steps beside the models (None: the pipeline's own, else
     # the default; 0: the caller's thread)
     host_workers: int | None = attrs.field(default=None, validator=_threads(0))

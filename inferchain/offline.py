@@ -40,6 +40,7 @@ from inferchain.registry import LoadedModel, load_models, step_batcher
 from inferchain.sequence import LiveSequence, Stepper
 from inferchain.shapes import ShapePolicy
 from inferchain.tensors import ModelInfo
+from inferchain.threads import planned
 
 log = get_logger(__name__)
 
@@ -63,7 +64,9 @@ class OfflineInference:
         acl_module: object | None = None,
         backend: Backend | None = None,
     ) -> None:
-        self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+        recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+        # `threads: auto`: what was chosen for this machine's cores, and why
+        self.recipe, self.thread_plan = planned(recipe)
         self._acl_module = acl_module
         self._backend = backend
         self._phase: _Phase = "new"

@@ -89,7 +89,9 @@ def test_rec_requests_of_several_pages_share_batches() -> None:
     batches than the same two pages one after the other: their crops share batches.
     """
     table = read_image(RECIPE / "samples" / "06_table.png", RAPIDOCR)
-    recipe = ic.load_recipe(RECIPE, models={"rec": {"instances": 1, "max_batch_size": 16}})
+    recipe = ic.load_recipe(
+        RECIPE, threads="manual", models={"rec": {"instances": 1, "max_batch_size": 16}}
+    )
     with ic.OfflineInference(recipe) as wide:
         alone = [list(wide.run([table])) for _ in range(2)]
         batches_alone = wide.stats().models["rec"].batches

@@ -8,10 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from inferchain.cli.options import add_command
 from inferchain.config import Recipe
 from inferchain.errors import InferchainError
 from inferchain.sources import sources_of
+from inferchain.threads import planned
 from inferchain.tools.info import ModelReport, describe_recipe, format_reports, recipe_for
 from inferchain.tools.reading import describe_inputs
 
@@ -36,16 +39,22 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    recipe = recipe_for(args.target)
+    recipe, plan = planned(recipe_for(args.target))  # as OfflineInference would run it
     reports = describe_recipe(recipe)
     inputs = read_inputs(recipe, args.input) if args.input else None
     if args.json:
         data: Any = [_report_dict(r) for r in reports]
+        if inputs is not None or plan is not None:
+            data = {"models": data}
         if inputs is not None:
-            data = {"models": data, "inputs": inputs}
+            data["inputs"] = inputs
+        if plan is not None:
+            data["thread_plan"] = attrs.asdict(plan)
         print(json.dumps(data, indent=2))
         return 0
     print(format_reports(reports))
+    if plan is not None:
+        print("\n" + "\n".join(plan.lines()))
     if inputs is not None:
         print("\ninputs, as the pipeline reads them:\n" + "\n".join(inputs))
     return 0
