@@ -71,8 +71,10 @@ def test_capture_items_records_what_a_pipeline_submits(mlp_path: Path) -> None:
     with ic.OfflineInference(recipe({"name": "mlp", "path": str(mlp_path)})) as oi:
         with capture_items(oi) as items:
             assert len(list(oi.run(xs))) == 5
-        assert "submit" not in vars(oi)  # the method again
-    assert list(items) == ["mlp"] and len(items["mlp"]) == 5
+            [r.result() for r in oi.submit_many("mlp", np.ones((3, 64), np.float32))]
+        assert "submit_many" not in vars(oi)  # the method again
+    assert list(items) == ["mlp"] and len(items["mlp"]) == 8  # each item once
+    assert all(np.array_equal(a, b) for a, b in zip(items["mlp"], [*xs, *np.ones((3, 64))]))
 
 
 def test_a_model_that_does_not_batch_is_refused_by_name(mlp_path: Path) -> None:

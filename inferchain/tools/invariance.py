@@ -2,8 +2,8 @@
 
 `inferchain compare --batch-invariance RECIPE` records what the recipe's pipeline gives each
 model over the recipe's own inputs: the items submitted to a stateless model
-(`capture_items`), and the rows of the step batches a stateful model runs, its carried state
-among their inputs (`inferchain.tools.batch_rows`). It then runs them again through the
+(`capture_items`: `submit` and `submit_many`), and the rows of the step batches a stateful
+model runs, its carried state among their inputs (`inferchain.tools.batch_rows`). It then runs them again through the
 model in batches of exactly 1, a middle size and the maximum, in input order, and at the
 maximum in a shuffled order (`check_invariance`); a step row runs as an item of the model
 without `state:` (a step is a function of its inputs). Batches of one are the reference.
@@ -124,21 +124,23 @@ class InvarianceReport:
 
 @contextlib.contextmanager
 def capture_items(oi: OfflineInference) -> Iterator[dict[str, list[Any]]]:
-    """While in the block, every item submitted through `oi.submit` (a pipeline's
-    `self.submit`) is also kept, by model: model -> items in submission order."""
+    """While in the block, every item submitted through `oi.submit_many` (and so through
+    `oi.submit` and a pipeline's `self.submit`) is also kept, by model: model -> items in
+    submission order."""
     kept: dict[str, list[Any]] = {}
-    submit = oi.submit
+    submit_many = oi.submit_many
 
-    def recording(model: str, inputs: Any, **options: Any) -> Any:
-        request = submit(model, inputs, **options)
-        kept.setdefault(model, []).append(inputs)
-        return request
+    def recording(model: str, items: Any, **options: Any) -> Any:
+        given = list(items)  # an array's rows are its items
+        requests = submit_many(model, given, **options)
+        kept.setdefault(model, []).extend(given)
+        return requests
 
-    oi.submit = recording  # type: ignore[method-assign]
+    oi.submit_many = recording  # type: ignore[method-assign]
     try:
         yield kept
     finally:
-        del oi.submit  # the class's method again
+        del oi.submit_many  # the class's method again
 
 
 @contextlib.contextmanager
