@@ -74,7 +74,8 @@ def test_capture_items_records_what_a_pipeline_submits(mlp_path: Path) -> None:
             [r.result() for r in oi.submit_many("mlp", np.ones((3, 64), np.float32))]
         assert "submit_many" not in vars(oi)  # the method again
     assert list(items) == ["mlp"] and len(items["mlp"]) == 8  # each item once
-    assert all(np.array_equal(a, b) for a, b in zip(items["mlp"], [*xs, *np.ones((3, 64))]))
+    given = [*xs, *np.ones((3, 64), np.float32)]
+    assert all(np.array_equal(a, b) for a, b in zip(items["mlp"], given, strict=True))
 
 
 def test_a_model_that_does_not_batch_is_refused_by_name(mlp_path: Path) -> None:

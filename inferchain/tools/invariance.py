@@ -2,11 +2,12 @@
 
 `inferchain compare --batch-invariance RECIPE` records what the recipe's pipeline gives each
 model over the recipe's own inputs: the items submitted to a stateless model
-(`capture_items`: `submit` and `submit_many`), and the rows of the step batches a stateful
-model runs, its carried state among their inputs (`inferchain.tools.batch_rows`). It then runs them again through the
-model in batches of exactly 1, a middle size and the maximum, in input order, and at the
-maximum in a shuffled order (`check_invariance`); a step row runs as an item of the model
-without `state:` (a step is a function of its inputs). Batches of one are the reference.
+(`capture_items`), and the rows of the step batches a stateful model runs, its carried
+state among their inputs (`inferchain.tools.batch_rows`). It then runs them again through
+the model in batches of exactly 1, a middle size and the maximum, in input order, and at
+the maximum in a shuffled order (`check_invariance`); a step row runs as an item of the
+model without `state:` (a step is a function of its inputs). Batches of one are the
+reference.
 
 Only real items' rows are compared, each on its own part where a batch is padded to its
 longest row (the part of the shape both have): padded rows and padded positions are never
