@@ -122,17 +122,29 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 @pytest.mark.parametrize(
     ("name", "warned"),
-    [("orientation", ["orientation"]), ("vad", ["vad"]), ("romanize", ["decoder"])],
+    [
+        ("orientation", ["orientation"]),
+        ("vad", ["vad"]),
+        ("romanize", ["decoder"]),
+        ("ocr", ["cls"]),
+    ],
 )
 def test_resume_names_the_models_whose_batches_it_forms_anew(name: str, warned: list[str]) -> None:
-    """Anchored fill batches (the romanize encoder) are a resume's as they were; the
-    others are warned about unless deterministic."""
+    """Anchored fill batches (the romanize encoder), items alone at their own shape (the
+    OCR det and rec) and models measured `batch_invariant` (every shipped one that batches
+    anew: `compare --batch-invariance` finds them so) are a resume's as they were; a model
+    that does not claim it is warned about unless deterministic."""
     try:
         r = ic.load_recipe(RECIPES / name)
     except ic.ConfigError as e:  # the recipe's package is not installed
         pytest.skip(str(e))
-    assert batches_formed_anew(r) == warned
-    assert batches_formed_anew(deterministic(r)) == []
+    assert all(r.model(m).batch_invariant for m in warned)
+    assert batches_formed_anew(r) == []
+    unclaimed = ic.load_recipe(
+        RECIPES / name, models={m: {"batch_invariant": False} for m in warned}
+    )
+    assert batches_formed_anew(unclaimed) == warned
+    assert batches_formed_anew(deterministic(unclaimed)) == []
     line = resume_warning(warned[0])
     assert "\n" not in line and f"model {warned[0]!r}" in line and "--deterministic" in line
 
