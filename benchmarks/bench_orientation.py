@@ -13,6 +13,10 @@ A third script, for reference, runs the same 15 lines with the session's thread 
 that suits a lone script best here (2 intra-op threads that do not spin: `--reference-threads`),
 whatever the recipe says: `oi.run` against it is reported too (`B11a_vs_tuned`), no target.
 
+B13: the same `oi.run(images)` with the recipe `deterministic: true` (`run --deterministic`:
+every batch at 16 rows, padded), in the same rounds: its throughput ratio to `oi.run`
+(`B13_deterministic_vs_run`) and whether its results are the default's.
+
 The OpenVINO sides: the same `oi.run(images)` with the recipe on `backend: openvino` at f32
 (target >= 1.05x the onnxruntime recipe, angles identical) and at bf16 where this CPU runs it
 (target >= 1.4x, the recipe's precision check at init passing on its reference pages); and
@@ -55,6 +59,7 @@ import inferchain as ic
 from inferchain.backends.onnxruntime import session_options
 from inferchain.cli.run_job import Job
 from inferchain.cli.tally import Tally
+from inferchain.config import deterministic
 from inferchain.images import RAPIDOCR, read_image
 from inferchain.results import ResultsFile
 from inferchain.sources import Item
@@ -120,11 +125,13 @@ def main() -> None:
     images = pages(n)
     recipe = ic.load_recipe(RECIPE)
     angles: dict[str, list[int]] = {}
+    results: dict[str, list[Any]] = {}  # the recipe's whole results: default, deterministic
     batches: dict[str, list[float]] = {"run": [], "run_files": []}
     wanted, why_not = precisions(recipe)
     with (
         tempfile.TemporaryDirectory() as tmp,
         ic.OfflineInference(recipe) as oi,
+        ic.OfflineInference(deterministic(recipe)) as det,
         contextlib.ExitStack() as stack,
     ):
         ov = openvino_recipes(RECIPE, stack, wanted)
@@ -153,8 +160,12 @@ def main() -> None:
 
         def side_run() -> None:
             before = dict(oi.stats().models["orientation"].batch_sizes)
-            angles["run"] = [r["angle"] for r in oi.run(images)]
+            results["run"] = list(oi.run(images))
+            angles["run"] = [r["angle"] for r in results["run"]]
             mean_batch("run", before)
+
+        def side_deterministic() -> None:
+            results["deterministic"] = list(det.run(images))
 
         def side_files() -> None:
             before = dict(oi.stats().models["orientation"].batch_sizes)
@@ -194,6 +205,7 @@ def main() -> None:
             {
                 "script": timed(script_images),
                 "run": timed(side_run),
+                "deterministic": timed(side_deterministic),
                 **{f"openvino_{p}": timed(side_openvino(p)) for p in wanted},
                 "script_tuned": timed(script_tuned),
                 "script_files": timed(script_files),
@@ -221,6 +233,7 @@ def main() -> None:
         "B11a": ratio("script", "run"),
         "B11a_mean_batch": median(batches["run"][-rounds:]),
         "B11a_vs_tuned": ratio("script_tuned", "run"),
+        "B13_deterministic_vs_run": ratio("run", "deterministic"),
         "B11b": ratio("script_files", "run_files"),
         "B11b_mean_batch": median(batches["run_files"][-rounds:]),
         **{f"openvino_{p}_vs_run": ratio("run", f"openvino_{p}") for p in wanted},
@@ -239,6 +252,9 @@ def main() -> None:
          f"{median(s['script_tuned']):.3f}", f"{n / median(s['script_tuned']):.1f}",
          f"{ratio('script', 'script_tuned'):.2f}", "16"),
         ("oi.run vs that reference", "", "", f"{figures['B11a_vs_tuned']:.2f}", ""),
+        ("oi.run, deterministic: true", f"{median(s['deterministic']):.3f}",
+         f"{n / median(s['deterministic']):.1f}",
+         f"vs oi.run: {figures['B13_deterministic_vs_run']:.2f}", "16"),
         ("script reading the files", f"{median(s['script_files']):.3f}",
          f"{n / median(s['script_files']):.1f}", "1.00", "16"),
         ("inferchain run's loop (run_files)", f"{median(s['run_files']):.3f}",
@@ -281,6 +297,10 @@ def main() -> None:
             "mean_batch": batches,
             "figures": figures,
             "identical": identical,
+            "deterministic": {
+                "throughput_ratio": figures["B13_deterministic_vs_run"],
+                "identical_to_default": results["deterministic"] == results["run"],
+            },
             "stats": workers,
             "targets": {
                 "B11a": ">= 1.0, mean batch >= 12",

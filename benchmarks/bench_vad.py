@@ -9,6 +9,9 @@ Sides, interleaved (A B C ...) after a warm-up round, on the same files:
   inferchain    the recipe (recipes/vad): one sequence per file, steps of many files
                 batched together, 16 chunks per batch (`oi.run(audios)`), the same
                 one-thread session options
+  deterministic the same recipe `deterministic: true` (`run --deterministic`): every step
+                batch at 64 rows (padded); its throughput ratio to `inferchain` (B13), and
+                whether its segments are the default's
   ceiling_*     the job's ceiling (`ceilings.py`), timed in the same rounds: every chunk of
                 the job as rows of full step batches (the recipe's max_batch_size) on a bare
                 one-thread session, over the machine's cores; or, where longer, the longest
@@ -28,9 +31,10 @@ from typing import Any
 
 import numpy as np
 from ceilings import bare_session, cores, fraction, model_seconds
-from common import interleave, median, table, timed, write_results
+from common import deterministic_cost, interleave, median, table, timed, write_results
 
 import inferchain as ic
+from inferchain.config import deterministic
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "vad"
@@ -68,12 +72,17 @@ def main() -> None:
         return run
 
     oi = ic.OfflineInference(ic.load_recipe(RECIPE)).init()
+    det = ic.OfflineInference(deterministic(ic.load_recipe(RECIPE))).init()
 
     def recipe() -> None:
         outputs["inferchain"] = list(oi.run(audios))
 
+    def recipe_deterministic() -> None:
+        outputs["deterministic"] = list(det.run(audios))
+
     sides = {"package": timed(package)} | {name: timed(loop(name)) for name in sessions}
     sides["inferchain"] = timed(recipe)
+    sides["deterministic"] = timed(recipe_deterministic)
     sizes = [vad.num_chunks(a.size) for a in audios]
     full = next(m for m in oi.recipe.models if m.name == "vad").max_batch_size
     bare = bare_session(str(ideal.model_path()))
@@ -84,6 +93,7 @@ def main() -> None:
         steps = oi.stats().models["vad"]
     finally:
         oi.close()
+        det.close()
     ncores = cores()
     throughput = [s / ncores for s in samples_s.pop("ceiling_full_batches")]
     tail = samples_s.pop("ceiling_longest_file")
@@ -112,6 +122,11 @@ def main() -> None:
     )  # fmt: skip
     print(f"{len(audios)} files, {seconds_of_audio:.0f} s of speech, {rounds} rounds (medians)")
     print(table(rows))
+    cost = deterministic_cost(samples_s, outputs)
+    print(
+        f"deterministic: {cost['throughput_ratio']:.2f}x the default's throughput; "
+        f"byte-identical to the default: {cost['identical_to_default']}"
+    )
     chunks = int(sum(vad.num_chunks(a.size) for a in audios))
     path = write_results(
         "bench_vad",
@@ -133,6 +148,7 @@ def main() -> None:
             "targets": {"vs_package": ">= 3x", "vs_ideal": "within 1.3x"},
             "inferchain_vs_ideal_1thread": secs["inferchain"] / secs["ideal_1thread"],
             "rows_per_step_batch": steps.mean_batch_size,
+            "deterministic": cost,
             "ceiling": {
                 "seconds": median(ceiling),
                 "full_batches_over_cores_s": median(throughput),

@@ -47,6 +47,20 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def deterministic_cost(
+    samples_s: dict[str, list[float]], outputs: dict[str, Any], default: str = "inferchain"
+) -> dict[str, Any]:
+    """The `deterministic` side against the default recipe of the same rounds (B13): the
+    median per-round throughput ratio (default seconds / deterministic seconds; 0.85
+    means 15 % slower) and whether its outputs are equal to the default's."""
+    pairs = zip(samples_s[default], samples_s["deterministic"], strict=True)
+    return {
+        "throughput_ratio": median([d / x for d, x in pairs]),
+        "identical_to_default": outputs["deterministic"] == outputs[default],
+        "target": ">= 0.85 for the recurrent recipes",
+    }
+
+
 def table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]

@@ -402,6 +402,7 @@ class ModelConfig(_Schema):
         "constant": list,
         "batching": str,
         "deterministic": (bool, None),
+        "batch_invariant": bool,
         "params": dict,
         "precision": str,
         "tolerance": ToleranceConfig,
@@ -447,6 +448,11 @@ class ModelConfig(_Schema):
     # its own (`shapes.buckets`), so a row's outputs never depend on what shares its batch
     # (docs/recipes.md); None: the recipe's `deterministic` (filled in by Recipe.from_dict)
     deterministic: bool | None = None
+    # measured: a row's outputs do not depend on what shares its batch, as the pipeline
+    # forms its batches, on the recipe's backend (`inferchain compare --batch-invariance`
+    # finds it so without --deterministic, and fails naming the claim where not): a resume
+    # gives its rows their bytes without `deterministic`
+    batch_invariant: bool = False
     params: dict[str, Any] = attrs.field(factory=dict)  # free-form, for the pipeline
     # the arithmetic the backend runs the model in; below f32 it is checked at init()
     # against f32 on `reference` within `tolerance` (docs/precision.md)

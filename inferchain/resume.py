@@ -98,14 +98,16 @@ def match_positions(found: Sequence[str | None], inputs: Sequence[str]) -> list[
 
 def batches_formed_anew(recipe: Recipe) -> list[str]:
     """The models of `recipe` whose rows a resumed job may run beside other rows than a run
-    straight through did: all but those that run every batch at one shape
-    (`deterministic`), those whose batches are a function of input positions (`batching:
+    straight through did, with other bytes: all but those that run every batch at one
+    shape (`deterministic`), those measured not to depend on what shares a batch
+    (`batch_invariant`), those whose batches are a function of input positions (`batching:
     fill`, anchored by the pipeline) and those that run each item alone at its own shape
     (at most one row a batch, no `longest` or `auto` padding, no state)."""
     return [
         m.name
         for m in recipe.models
         if not m.deterministic
+        and not m.batch_invariant
         and m.batching != "fill"
         and (m.batch_rows > 1 or m.state or m.shapes.strategy in ("longest", "auto"))
     ]

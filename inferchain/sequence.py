@@ -21,7 +21,7 @@ once per sequence and step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from inferchain.core.state_pool import StatePool
 from inferchain.core.step_batcher import STEP_COHORTS
 from inferchain.errors import Closed, InvalidInput, RequestError
 
-__all__ = ["LiveSequence", "Stepper"]
+__all__ = ["LiveSequence", "Stepper", "groups_sequences"]
 
 
 class Stepper:
@@ -45,6 +45,13 @@ class Stepper:
     the batch. A sequence has `rows` rows of carried state (e.g. one per beam).
 
     - `start(item)`: one sequence's host state, when it is submitted (the caller's thread);
+    - `group(state)`: its group, asked once after `start` (default None: one group for
+      all): only sequences of one group share a step batch. A stepper that would pad its
+      sequences' inputs to each other's shape (the widest `memory` of a batch) gives that
+      shape: every step batch is then of one shape, fed unpadded, and a model whose outputs
+      do not depend on a batch's row count gives each row the same bytes whatever shares its
+      batch (`inferchain compare --batch-invariance` checks such a model's step rows in
+      batches of one shape);
     - `initial(state)`: its initial carried state, or None for zeros;
     - `feed(states)`: the next step's inputs that are not carried, for the sequences
       `states` in order: name -> array of `len(states) * rows` rows (the rows of
@@ -82,6 +89,11 @@ class Stepper:
     def start(self, item: Any) -> Any:
         return item
 
+    def group(self, state: Any) -> Hashable:
+        """The sequence's group: only sequences of one group share a step batch (None: one
+        group for every sequence)."""
+        return None
+
     def initial(self, state: Any) -> Mapping[str, np.ndarray] | None:
         """The sequence's initial carried state (input name -> one item for every row, or
         `rows` items), when it gets its lanes; None: the recipe's `state_init` (zeros)."""
@@ -97,6 +109,13 @@ class Stepper:
 
     def result(self, state: Any) -> Any:
         return state
+
+
+def groups_sequences(stepper: object) -> bool:
+    """Whether `stepper` gives its sequences groups of their own (its class overrides
+    `Stepper.group`), which keep them apart in step batches."""
+    group = getattr(type(stepper), "group", None)
+    return group is not None and group is not Stepper.group
 
 
 class LiveSequence(Closing):

@@ -176,7 +176,7 @@ def test_streams_default_per_backend_and_are_validated() -> None:
         ),
         (
             "name: x\nmodels: [{name: m, path: m.onnx, colour: red}]",
-            "unknown key 'models[0].colour' (known: batching, completion, constant, ",
+            "unknown key 'models[0].colour' (known: batch_invariant, batching, completion, ",
         ),
     ],
 )

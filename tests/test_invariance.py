@@ -30,7 +30,7 @@ def test_the_romanizer_encoder_is_not_invariant_exit_1(
 ) -> None:
     """Its batches are padded to their longest name: most names' outputs change with the
     batch, and the verdict names the largest difference; the stateful decoder's step rows
-    are checked too. With --deterministic every model passes."""
+    are checked too, and pass. With --deterministic every model passes."""
     pytest.importorskip("arabic_name_romanizer")
     ideal = ic.import_recipe_module(RECIPES / "romanize", "ideal")
     names = tmp_path / "names.txt"
@@ -41,6 +41,10 @@ def test_the_romanizer_encoder_is_not_invariant_exit_1(
     assert "encoder: NOT batch-invariant" in out and "largest difference" in out
     assert "encoder  src_mask_out  batch 128" in out  # a mask: the same at every size
     assert "decoder  logprobs      shuffled, batch 512" in out
+    # its stepper keeps widths apart (`BeamSteps.group`): the step rows, run as they are
+    # batched, are bit-identical at every row count
+    assert "decoder: step rows in batches of one shape each" in out
+    assert "decoder: batch-invariant within tolerance" in out
     assert main([*args, "--deterministic"]) == 0
     out = capsys.readouterr().out
     assert "encoder: batch-invariant" in out and "decoder: batch-invariant" in out
@@ -54,7 +58,7 @@ def test_padding_outputs_are_compared_on_the_items_own_part(tmp_path: Path) -> N
     folder.mkdir()
     (folder / "recipe.yaml").write_text(
         f"name: img\nmodels:\n  - {{name: img, path: {path}, max_batch_size: 4, "
-        "shapes: {strategy: longest}, warmup: false}\n",
+        "shapes: {strategy: longest}, warmup: false, batch_invariant: true}\n",
         encoding="utf-8",
     )
     rng = np.random.default_rng(0)
@@ -64,6 +68,15 @@ def test_padding_outputs_are_compared_on_the_items_own_part(tmp_path: Path) -> N
     assert {run for _, run in by} == {"batch 2", "batch 4", "shuffled, batch 4"}
     assert all(d.passed and d.identical == 1.0 for (o, _), d in by.items() if o == "scaled")
     assert not by[("mean", "batch 4")].passed and not report.invariant("img")
+    assert "the recipe's `batch_invariant: true` is false" in report.verdict("img")
+    # rows that never share a batch with rows of another shape (a stepper's groups): none
+    # is padded, and `mean` moves only in its last digit (the row count's doing)
+    apart = check_invariance(folder, {"img": items * 3}, apart=["img"])
+    got = {(d.output, d.run): d for d in apart.diffs}
+    assert apart.apart == ("img",) and got.keys() == by.keys()
+    assert all(d.passed for (o, _), d in got.items() if o == "scaled")
+    assert got[("mean", "batch 4")].max_abs < 1e-6 < by[("mean", "batch 4")].max_abs
+    assert "img: step rows in batches of one shape each" in apart.format()
 
 
 def test_capture_items_records_what_a_pipeline_submits(mlp_path: Path) -> None:
@@ -71,8 +84,11 @@ def test_capture_items_records_what_a_pipeline_submits(mlp_path: Path) -> None:
     with ic.OfflineInference(recipe({"name": "mlp", "path": str(mlp_path)})) as oi:
         with capture_items(oi) as items:
             assert len(list(oi.run(xs))) == 5
-        assert "submit" not in vars(oi)  # the method again
-    assert list(items) == ["mlp"] and len(items["mlp"]) == 5
+            [r.result() for r in oi.submit_many("mlp", np.ones((3, 64), np.float32))]
+        assert "submit_many" not in vars(oi)  # the method again
+    assert list(items) == ["mlp"] and len(items["mlp"]) == 8  # each item once
+    given = [*xs, *np.ones((3, 64), np.float32)]
+    assert all(np.array_equal(a, b) for a, b in zip(items["mlp"], given, strict=True))
 
 
 def test_a_model_that_does_not_batch_is_refused_by_name(mlp_path: Path) -> None:

@@ -89,6 +89,38 @@ def test_sequences_step_together_and_give_each_its_running_sums(acc_path: Path) 
     assert stats.mean_batch_size > 1
 
 
+def test_sequences_of_different_groups_never_share_a_step_batch(acc_path: Path) -> None:
+    """`Stepper.group`: every step batch holds sequences of one group only (here: the
+    parity of their length), while each still gets its own running sums; without groups
+    the same sequences do share batches."""
+
+    class ByParity(SumSteps):
+        def __init__(self, grouped: bool) -> None:
+            super().__init__()
+            self.grouped = grouped
+            self.batches: list[set[int]] = []  # the groups of each step batch fed
+
+        def group(self, state: Sums) -> int | None:
+            return len(state.xs) % 2 if self.grouped else None
+
+        def feed(self, states: Sequence[Sums]) -> Mapping[str, np.ndarray]:
+            self.batches.append({len(s.xs) % 2 for s in states})
+            return super().feed(states)
+
+    xs = sequences(24, seed=4)
+    for grouped in (True, False):
+        stepper = ByParity(grouped)
+        with ic.OfflineInference(acc_recipe(acc_path, max_sequences=12)) as oi:
+            outs = [r.result(timeout=10) for r in [oi.run_sequence("acc", stepper, x) for x in xs]]
+        for x, out in zip(xs, outs, strict=True):
+            np.testing.assert_allclose(out, np.cumsum(x, axis=0), rtol=1e-5)
+        kinds = {frozenset(b) for b in stepper.batches}
+        if grouped:
+            assert kinds == {frozenset({0}), frozenset({1})}
+        else:
+            assert frozenset({0, 1}) in kinds
+
+
 def test_a_stepper_runs_inside_a_pipeline(acc_path: Path) -> None:
     stepper = SumSteps()
 

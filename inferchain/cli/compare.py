@@ -167,11 +167,12 @@ def batch_invariance(args: argparse.Namespace) -> int:
     again at several batch sizes."""
     from inferchain.tools.invariance import check_invariance
 
-    items = _recorded(args)
+    items, apart = _recorded(args)
     rtol, atol = _or(args.rtol, 0.0), _or(args.atol, 0.0)
     report = check_invariance(
-        args.batch_invariance, items, rtol=rtol, atol=atol, strict=args.deterministic
-    )
+        args.batch_invariance, items, rtol=rtol, atol=atol, strict=args.deterministic,
+        apart=apart,
+    )  # fmt: skip
     print(report.format())
     return 0 if report.passed else 1
 
@@ -179,8 +180,9 @@ def batch_invariance(args: argparse.Namespace) -> int:
 STEP_ROWS = 1024  # step rows kept per stateful model for the check
 
 
-def _recorded(args: argparse.Namespace) -> dict[str, list[Any]]:
-    """What the recipe's pipeline gives each model over the inputs (`--model`: one)."""
+def _recorded(args: argparse.Namespace) -> tuple[dict[str, list[Any]], list[str]]:
+    """What the recipe's pipeline gives each model over the inputs (`--model`: one), and
+    the stateful models whose steppers keep their sequences apart by group."""
     from inferchain.backends.factory import make_backend
     from inferchain.cli.run_job import FileReader
     from inferchain.config import load_recipe
@@ -188,7 +190,7 @@ def _recorded(args: argparse.Namespace) -> dict[str, list[Any]]:
     from inferchain.offline import OfflineInference
     from inferchain.sources import input_files, input_items, sources_of
     from inferchain.tools.batch_rows import RecordingBackend
-    from inferchain.tools.invariance import capture_items, items_of
+    from inferchain.tools.invariance import capture_items, capture_steppers, items_of, kept_apart
 
     recipe = load_recipe(args.batch_invariance)
     stateful = [m.name for m in recipe.models if m.state]
@@ -200,14 +202,15 @@ def _recorded(args: argparse.Namespace) -> dict[str, list[Any]]:
         pipeline = oi.pipeline
         files = input_items(input_files(sources, pipeline), pipeline)[: args.limit]
         driver = PipelineDriver(FileReader(pipeline), on_error="return")
-        with capture_items(oi) as items:
+        with capture_items(oi) as items, capture_steppers(oi) as steppers:
             items_of(driver.run(enumerate(files)))
     items = {m: rows for m, rows in items.items() if m not in stateful} | backend.kept
     items = {m: items[m] for m in [m.name for m in recipe.models] if m in items}
+    apart = kept_apart(steppers)
     if args.model is not None:
         recipe.model(args.model)  # ConfigError naming it when there is none
-        return {args.model: items.get(args.model, [])}
-    return {m: rows for m, rows in items.items() if recipe.model(m).max_batch_size}
+        return {args.model: items.get(args.model, [])}, apart
+    return {m: rows for m, rows in items.items() if recipe.model(m).max_batch_size}, apart
 
 
 def _or(value: float | None, default: float) -> float:

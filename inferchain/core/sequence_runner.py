@@ -41,6 +41,7 @@ class Stepping(Protocol):
     steps_per_batch: int
 
     def start(self, item: Any) -> Any: ...
+    def group(self, state: Any) -> Hashable: ...
     def initial(self, state: Any) -> Mapping[str, np.ndarray] | None: ...
     def feed(self, states: Sequence[Any]) -> Mapping[str, np.ndarray]: ...
     def take(
@@ -52,11 +53,12 @@ class Stepping(Protocol):
 class _Live:
     """One sequence run by a `SequenceRunner`."""
 
-    __slots__ = ("lanes", "request", "state")
+    __slots__ = ("group", "lanes", "request", "state")
 
-    def __init__(self, request: Request, state: Any) -> None:
+    def __init__(self, request: Request, state: Any, group: Hashable) -> None:
         self.request = request
         self.state = state
+        self.group = group  # the stepper's: only sequences of one group share a step batch
         self.lanes: np.ndarray | None = None
 
 
@@ -75,7 +77,8 @@ class SequenceRunner:
 
     The open sequences step in `cohorts` batches (two: one is on a worker while the other's
     host step runs and it queues behind). A cohort holds at most its share of the open
-    rows (and a batch); new sequences join the next cohort that leaves.
+    rows (and a batch), all of one group (`Stepper.group`, and one instance's lanes where
+    the pool is partitioned); new sequences join the next cohort of their group that leaves.
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class SequenceRunner:
         self._live = 0  # sequences with lanes
         self._freed: list[np.ndarray] = []  # lanes to give back once the lock is left
         self._open: set[_Live] = set()  # every sequence submitted and not ended
+        self._grouped = pool.partitions > 1  # some cohort must leave sequences out
         # (deadline, id, sequence) of those submitted with a deadline, soonest first (some
         # started or ended since)
         self._timed: list[tuple[float, int, _Live]] = []
@@ -132,9 +136,12 @@ class SequenceRunner:
     def submit(self, request: Request, item: Any) -> list[Work]:
         """A new sequence for `item` (the caller's thread); `request` ends with its result.
         Returns the step batches that can leave now."""
-        state = self.stepper.start(item)
-        live = _Live(request, state)
+        stepper = self.stepper
+        state = stepper.start(item)
+        group = stepper.group(state)
+        live = _Live(request, state, group)
         with self._lock:
+            self._grouped = self._grouped or group is not None
             self._open.add(live)
             self._waiting.append(live)
             if request.deadline is not None:
@@ -259,24 +266,35 @@ class SequenceRunner:
     def _launch_ready(self) -> list[Work]:
         """The joining sequences' step batches, while fewer than `cohorts` are on their way."""
         works = []
-        pool = self.pool
         while self._joining and self._in_flight < self.cohorts:
             cap = cohort_size(self._live, self.cohorts, max(1, self.batch_rows // self.rows))
-            if pool.partitions > 1:  # a cohort's lanes are one instance's
-                part = self._partition(self._joining[0])
-                lives = [j for j in self._joining if self._partition(j) == part][:cap]
-                taken = {id(j) for j in lives}
-                self._joining = [j for j in self._joining if id(j) not in taken]
-            else:
-                lives, self._joining = self._joining[:cap], self._joining[cap:]
-            work = self._launch(lives)
+            work = self._launch(self._cohort(cap))
             if work is not None:
                 works.append(work)
         return works
 
-    def _partition(self, live: _Live) -> int:
+    def _cohort(self, cap: int) -> list[_Live]:
+        """The next cohort, taken out of the joining sequences: the first `cap` of them that
+        share the first one's group and instance (their order kept)."""
+        joining = self._joining
+        if not self._grouped:
+            self._joining = joining[cap:]
+            return joining[:cap]
+        key = self._key(joining[0])
+        lives: list[_Live] = []
+        rest: list[_Live] = []
+        for live in joining:
+            (lives if len(lives) < cap and self._key(live) == key else rest).append(live)
+        self._joining = rest
+        return lives
+
+    def _key(self, live: _Live) -> tuple[int, Hashable]:
+        """What a sequence must share with the others of its cohort: the instance of its
+        lanes (a partitioned pool) and its stepper's group."""
         assert live.lanes is not None
-        return self.pool.partition_of(int(live.lanes[0]))
+        pool = self.pool
+        part = pool.partition_of(int(live.lanes[0])) if pool.partitions > 1 else 0
+        return part, live.group
 
     def _launch(self, lives: list[_Live]) -> Work | None:
         pool = self.pool

@@ -2,11 +2,12 @@
 
 `inferchain compare --batch-invariance RECIPE` records what the recipe's pipeline gives each
 model over the recipe's own inputs: the items submitted to a stateless model
-(`capture_items`), and the rows of the step batches a stateful model runs, its carried state
-among their inputs (`inferchain.tools.batch_rows`). It then runs them again through the
-model in batches of exactly 1, a middle size and the maximum, in input order, and at the
-maximum in a shuffled order (`check_invariance`); a step row runs as an item of the model
-without `state:` (a step is a function of its inputs). Batches of one are the reference.
+(`capture_items`), and the rows of the step batches a stateful model runs, its carried
+state among their inputs (`inferchain.tools.batch_rows`). It then runs them again through
+the model in batches of exactly 1, a middle size and the maximum, in input order, and at
+the maximum in a shuffled order (`check_invariance`); a step row runs as an item of the
+model without `state:` (a step is a function of its inputs). Batches of one are the
+reference.
 
 Only real items' rows are compared, each on its own part where a batch is padded to its
 longest row (the part of the shape both have): padded rows and padded positions are never
@@ -15,12 +16,18 @@ mask) is run padded to each batch's longest row, as a pipeline that pads its row
 stepper) would. A model is invariant when every element is within
 `|x - ref| <= atol + rtol * |ref|` (default 0 and 0: bit-identical, what a resume promises).
 With `strict` the models run as `deterministic: true` makes them.
+
+The step rows of a model whose steps never share a batch with rows of another shape (every
+`Stepper` of it groups its sequences, `Stepper.group`, so that a step batch is of one
+shape: `apart`) run only in batches of one shape, as they do in the job: rows of another
+width are never padded to each other there, so the check does not pad them either.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import functools
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,7 @@ import numpy as np
 from inferchain.config import ModelConfig, deterministic, load_recipe
 from inferchain.errors import ConfigError
 from inferchain.offline import OfflineInference
+from inferchain.sequence import groups_sequences
 from inferchain.tools.table import render
 
 Outputs = Mapping[str, np.ndarray]
@@ -61,6 +69,8 @@ class InvarianceReport:
     rtol: float
     atol: float
     diffs: tuple[RunDiff, ...]
+    apart: tuple[str, ...] = ()  # models whose rows ran in batches of one shape each
+    claimed: tuple[str, ...] = ()  # models the recipe says are `batch_invariant`
 
     @property
     def passed(self) -> bool:
@@ -92,6 +102,11 @@ class InvarianceReport:
                 f"atol {self.atol:g}",
                 "",
                 render([*headers, "result"], rows),
+                *(
+                    f"{m}: step rows in batches of one shape each, as its steppers group "
+                    "them (Stepper.group)"
+                    for m in self.apart
+                ),
                 *verdicts,
             ]
         )
@@ -101,29 +116,58 @@ class InvarianceReport:
         if self.invariant(model):
             return f"{model}: batch-invariant within tolerance"
         worst = max((d for d in self.diffs if d.model == model), key=lambda d: d.max_abs)
+        claim = "; the recipe's `batch_invariant: true` is false" if model in self.claimed else ""
         return (
             f"{model}: NOT batch-invariant (outputs depend on what shares the batch): largest "
-            f"difference {worst.max_abs:.3g} ({worst.output}, {worst.run})"
+            f"difference {worst.max_abs:.3g} ({worst.output}, {worst.run}){claim}"
         )
 
 
 @contextlib.contextmanager
 def capture_items(oi: OfflineInference) -> Iterator[dict[str, list[Any]]]:
-    """While in the block, every item submitted through `oi.submit` (a pipeline's
-    `self.submit`) is also kept, by model: model -> items in submission order."""
+    """While in the block, every item submitted through `oi.submit_many` (and so through
+    `oi.submit` and a pipeline's `self.submit`) is also kept, by model: model -> items in
+    submission order."""
     kept: dict[str, list[Any]] = {}
-    submit = oi.submit
+    submit_many = oi.submit_many
 
-    def recording(model: str, inputs: Any, **options: Any) -> Any:
-        request = submit(model, inputs, **options)
-        kept.setdefault(model, []).append(inputs)
-        return request
+    def recording(model: str, items: Any, **options: Any) -> Any:
+        given = list(items)  # an array's rows are its items
+        requests = submit_many(model, given, **options)
+        kept.setdefault(model, []).extend(given)
+        return requests
 
-    oi.submit = recording  # type: ignore[method-assign]
+    oi.submit_many = recording  # type: ignore[method-assign]
     try:
         yield kept
     finally:
-        del oi.submit  # the class's method again
+        del oi.submit_many  # the class's method again
+
+
+@contextlib.contextmanager
+def capture_steppers(oi: OfflineInference) -> Iterator[dict[str, list[Any]]]:
+    """While in the block, every `Stepper` that `oi.run_sequence` is given is also kept,
+    by model: model -> its steppers, each once."""
+    kept: dict[str, list[Any]] = {}
+    run_sequence = oi.run_sequence
+
+    def recording(model: str, stepper: Any, item: Any, **options: Any) -> Any:
+        steppers = kept.setdefault(model, [])
+        if all(s is not stepper for s in steppers):
+            steppers.append(stepper)
+        return run_sequence(model, stepper, item, **options)
+
+    oi.run_sequence = recording  # type: ignore[method-assign]
+    try:
+        yield kept
+    finally:
+        del oi.run_sequence  # the class's method again
+
+
+def kept_apart(steppers: Mapping[str, Sequence[Any]]) -> list[str]:
+    """The models whose every stepper groups its sequences (`Stepper.group`): their step
+    batches are each of one group, one shape where the group is the shape."""
+    return [m for m, given in steppers.items() if given and all(map(groups_sequences, given))]
 
 
 def check_invariance(
@@ -134,10 +178,11 @@ def check_invariance(
     atol: float = 0.0,
     seed: int = 0,
     strict: bool = False,
+    apart: Collection[str] = (),
 ) -> InvarianceReport:
     """Run each model's `items` in batches of 1, a middle size and the maximum, and at the
     maximum shuffled, and compare every run with the batches of 1 (`strict`: every model
-    `deterministic`)."""
+    `deterministic`; `apart`: the models whose rows batch only with rows of their shape)."""
     base = load_recipe(recipe)
     overrides = {name: _checked(base.model(name)) for name in items}
     check = load_recipe(recipe, models=overrides, pipeline=None)
@@ -148,8 +193,12 @@ def check_invariance(
         for name, given in items.items():
             rows = list(given)
             if rows:
-                diffs += _runs(oi, name, rows, check.model(name).batch_rows, rtol, atol, seed)
-    return InvarianceReport(str(recipe), rtol, atol, tuple(diffs))
+                largest = check.model(name).batch_rows
+                run = functools.partial(_run_apart if name in apart else _run, oi, name)
+                diffs += _runs(run, name, rows, largest, rtol, atol, seed)
+    shown = tuple(m for m in items if m in apart)
+    claimed = tuple(m for m in items if base.model(m).batch_invariant)
+    return InvarianceReport(str(recipe), rtol, atol, tuple(diffs), shown, claimed)
 
 
 def _checked(model: ModelConfig) -> dict[str, Any]:
@@ -178,8 +227,11 @@ def _shapes(model: ModelConfig) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in shapes.items()}
 
 
+Runner = Callable[[Sequence[Any], int], list[Outputs]]  # rows, batch size -> their outputs
+
+
 def _runs(
-    oi: OfflineInference,
+    run: Runner,
     name: str,
     rows: list[Any],
     largest: int,
@@ -188,10 +240,10 @@ def _runs(
     seed: int,
 ) -> list[RunDiff]:
     """`rows` of model `name` at each batch size and shuffled, against batches of one."""
-    reference = _run(oi, name, rows, 1)
-    runs = {f"batch {b}": _run(oi, name, rows, b) for b in _sizes(largest)[1:]}
+    reference = run(rows, 1)
+    runs = {f"batch {b}": run(rows, b) for b in _sizes(largest)[1:]}
     order = np.random.default_rng(seed).permutation(len(rows))
-    shuffled = _run(oi, name, [rows[i] for i in order], largest)
+    shuffled = run([rows[i] for i in order], largest)
     runs[f"shuffled, batch {largest}"] = [shuffled[j] for j in np.argsort(order)]
     return [
         _diff(name, output, run, reference, outputs, rtol, atol)
@@ -213,6 +265,28 @@ def _run(oi: OfflineInference, model: str, rows: Sequence[Any], size: int) -> li
         oi.flush(steps=False, batches=True)
         outputs.extend({k: np.array(v) for k, v in r.result().items()} for r in requests)
     return outputs
+
+
+def _run_apart(oi: OfflineInference, model: str, rows: Sequence[Any], size: int) -> list[Outputs]:
+    """`_run` over the rows of each shape on their own (their order kept): no batch holds
+    rows of two shapes."""
+    by_shape: dict[tuple[Any, ...], list[int]] = {}
+    for j, row in enumerate(rows):
+        by_shape.setdefault(_shape_of(row), []).append(j)
+    outputs: dict[int, Outputs] = {}
+    for positions in by_shape.values():
+        ran = _run(oi, model, [rows[j] for j in positions], size)
+        outputs.update(zip(positions, ran, strict=True))
+    return [outputs[j] for j in range(len(rows))]
+
+
+def _shape_of(row: Any) -> tuple[Any, ...]:
+    """The shapes of a row's inputs (by name where it is a mapping)."""
+    if isinstance(row, Mapping):
+        return tuple((name, np.shape(v)) for name, v in row.items())
+    if isinstance(row, list | tuple):
+        return tuple(np.shape(v) for v in row)
+    return (np.shape(row),)
 
 
 def _diff(

@@ -57,33 +57,26 @@ class BeamSteps(Stepper):
     def initial(self, state: _Unit) -> Mapping[str, np.ndarray]:
         return {"hidden": state.hidden}
 
+    def group(self, state: _Unit) -> int:
+        """A unit's width, its encoder batch's: only units of one width share a step batch,
+        so each is fed as it is, never padded to another unit's width (the decoder's last
+        digits follow the width, not the rows that share its batch)."""
+        return int(state.memory.shape[0])
+
     def feed(self, states: Sequence[_Unit]) -> Mapping[str, np.ndarray]:
-        """Each beam's last token; `memory` and `src_mask` padded to the longest unit of the
-        batch (zeros, masked: the decoder's outputs do not change). The units of one
-        encoder batch share a width: each width's units are copied in at once."""
+        """Each beam's last token, and each unit's `memory` and `src_mask` for each of its
+        beams (the units of a step batch share a width: `group`)."""
         k, n = self.rows, len(states)
-        by_width: dict[int, list[int]] = {}
-        for i, u in enumerate(states):
-            by_width.setdefault(u.memory.shape[0], []).append(i)
-        width = max(by_width)
-        memory = np.empty((n, k, width, states[0].memory.shape[1]), dtype=np.float32)
-        mask = np.empty((n, k, width), dtype=bool)
-        for s, group in by_width.items():
-            if len(group) == n:  # one width: every unit, no padding
-                memory[:] = np.array([u.memory for u in states])[:, None]
-                mask[:] = np.array([u.mask for u in states])[:, None]
-                break
-            rows = np.array(group)  # each beam of these units: their rows, then the padding
-            memory[rows, :, :s] = np.array([states[i].memory for i in group])[:, None]
-            mask[rows, :, :s] = np.array([states[i].mask for i in group])[:, None]
-            if s < width:
-                memory[rows, :, s:] = 0
-                mask[rows, :, s:] = True
+        widths = {u.memory.shape[0] for u in states}
+        if len(widths) > 1:
+            raise ValueError(f"a step batch of units of several widths {sorted(widths)}")
+        memory = np.array([u.memory for u in states])  # f32[n, S, 256]
+        mask = np.array([u.mask for u in states])
         prefix = np.array([u.last for u in states]).reshape(n * k, 1)
         return {
             "prefix": prefix,
-            "memory": memory.reshape(n * k, width, -1),
-            "src_mask": mask.reshape(n * k, width),
+            "memory": np.repeat(memory, k, axis=0),
+            "src_mask": np.repeat(mask, k, axis=0),
         }
 
     def take(
