@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, settings
 
 import inferchain as ic
 from inferchain.backends.onnxruntime import OnnxRuntimeBackend
+from inferchain.cli import main
 from inferchain.config import Recipe
 from inferchain.testing.faults import FaultyBackend
 from inferchain.testing.onnx_models import write_accumulator, write_mlp, write_mlp64
@@ -116,6 +117,14 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 def inferchain_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("inferchain-")]
+
+
+@pytest.fixture
+def cli() -> Iterator[Callable[..., int]]:
+    """`inferchain ARGS...`, with the test suite's logging set up again afterwards."""
+    saved = structlog.get_config()
+    yield lambda *argv: main([str(a) for a in argv])
+    structlog.configure(**saved)
 
 
 @pytest.fixture

@@ -5,16 +5,14 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import structlog
 
 import inferchain as ic
-from inferchain.cli import main
 from inferchain.driver import PipelineDriver
 from inferchain.errors import InferchainError
 from inferchain.testing.fake_acl import FakeAcl
@@ -47,14 +45,6 @@ class Doubling(Pipeline):
         out = yield self.submit("mlp", item * 2)
         return {"best": int(np.argmax(out["y"]))}
 '''
-
-
-@pytest.fixture
-def cli() -> Iterator[Callable[..., int]]:
-    """`inferchain ARGS...`, with the test suite's logging set up again afterwards."""
-    saved = structlog.get_config()
-    yield lambda *argv: main([str(a) for a in argv])
-    structlog.configure(**saved)
 
 
 @pytest.fixture

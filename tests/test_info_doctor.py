@@ -6,16 +6,14 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 import pytest
-import structlog
 
 import inferchain as ic
 from inferchain.backends.probe import RuntimeProbe
-from inferchain.cli import main
 from inferchain.errors import MissingDependency
 from inferchain.testing.fake_acl import FakeAcl
 from inferchain.testing.onnx_models import write_mlp64, write_time_major
@@ -34,14 +32,6 @@ AVX2_OPENVINO = RuntimeProbe("openvino", True, "2026.4", "CPU", ("CPU",), capabi
 AMX_OPENVINO = RuntimeProbe(
     "openvino", True, "2026.4", "CPU", ("CPU",), capabilities=("FP32", "BF16", "FP16")
 )
-
-
-@pytest.fixture
-def cli() -> Iterator[Callable[..., int]]:
-    """`inferchain ARGS...`, with the test suite's logging set up again afterwards."""
-    saved = structlog.get_config()
-    yield lambda *argv: main([str(a) for a in argv])
-    structlog.configure(**saved)
 
 
 def write_recipe(folder: Path, backend: str = "onnxruntime", **model: object) -> Path:

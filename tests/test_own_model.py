@@ -5,27 +5,18 @@ worked detector example run as the guide writes it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import structlog
 from PIL import Image
 
 import inferchain as ic
-from inferchain.cli import main
 from inferchain.testing.onnx_models import write_detector, write_time_major
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "own-model.md"
-
-
-@pytest.fixture
-def cli() -> Iterator[Callable[..., int]]:
-    saved = structlog.get_config()
-    yield lambda *argv: main([str(a) for a in argv])
-    structlog.configure(**saved)
 
 
 def guide_function(name: str) -> Callable[..., bool]:

@@ -4,25 +4,16 @@ from Python, then its pipeline over image files with `inferchain run` and `info 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-import structlog
 from PIL import Image
 
-from inferchain.cli import main
 from inferchain.testing.onnx_models import write_classifier
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-@pytest.fixture
-def cli() -> Iterator[Callable[..., int]]:
-    saved = structlog.get_config()
-    yield lambda *argv: main([str(a) for a in argv])
-    structlog.configure(**saved)
 
 
 def readme_block(marker: str) -> str:

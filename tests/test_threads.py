@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-import structlog
 
 import inferchain as ic
-from inferchain.cli import main
 from inferchain.testing.onnx_models import write_mlp64
 from inferchain.threads import MAX_HOST_WORKERS, MAX_INSTANCES, planned, visible_cores
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 SHIPPED = ("ocr", "orientation", "vad", "romanize")
-
-
-@pytest.fixture
-def cli() -> Iterator[Callable[..., int]]:
-    saved = structlog.get_config()
-    yield lambda *argv: main([str(a) for a in argv])
-    structlog.configure(**saved)
 
 
 def tiny(folder: Path, threads: str = "auto", **top: object) -> Path:
