@@ -477,6 +477,11 @@ class ModelConfig(_Schema):
         its own rows (or the model's fixed batch, the backend's to know)."""
         return self.batch_rows if self.deterministic and self.max_batch_size > 0 else None
 
+    def pads_to(self, fixed: int | None) -> int | None:
+        """The rows a session of this model pads every batch to: the model file's fixed
+        batch (`fixed`, the session's `max_batch_size`), else `fixed_rows`."""
+        return fixed if fixed is not None else self.fixed_rows
+
     @property
     def num_slots(self) -> int:
         """Requests of this model that may be READY or RUNNING at once."""
@@ -534,6 +539,11 @@ class Recipe(_Schema):
     def root(self) -> Path:
         """The recipe's folder: relative paths in the recipe are relative to it."""
         return self.source.parent
+
+    @property
+    def provider_names(self) -> list[str]:
+        """The names of `providers` (an entry is a name or {name: options})."""
+        return [p if isinstance(p, str) else next(iter(p), "") for p in self.providers]
 
     def model(self, name: str) -> ModelConfig:
         for m in self.models:

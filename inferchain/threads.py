@@ -65,8 +65,7 @@ def on_cpu(recipe: Recipe) -> bool:
         return True
     if recipe.backend != "onnxruntime":
         return False
-    names = [p if isinstance(p, str) else next(iter(p)) for p in recipe.providers]
-    return all(name == "CPUExecutionProvider" for name in names)
+    return all(name == "CPUExecutionProvider" for name in recipe.provider_names)
 
 
 def plan(recipe: Recipe, cores: int) -> ThreadPlan:

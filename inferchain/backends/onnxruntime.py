@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from inferchain.backends.base import Backend, Session
-from inferchain.backends.padding import FixedBatch, fixed_batch
+from inferchain.backends.padding import FixedBatch
 from inferchain.backends.probe import unknown_provider
 from inferchain.config import ModelConfig, Recipe, SessionOptions
 from inferchain.errors import BackendError, ConfigError, LoadError
@@ -135,7 +135,7 @@ class OnnxRuntimeSession(Session):
         self.max_batch_size = layout.batch_limit(self.inputs) if batching else None
         self.reuses_outputs = False  # every run returns new arrays
         self.metadata: dict[str, str] = dict(session.get_modelmeta().custom_metadata_map)
-        self._fixed = FixedBatch(fixed_batch(model, self.max_batch_size), layout.inputs)
+        self._fixed = FixedBatch(model.pads_to(self.max_batch_size), layout.inputs)
         so = session.get_session_options()
         self.settings = {
             "threads": str(so.intra_op_num_threads or "default"),

@@ -18,7 +18,7 @@ import openvino as ov
 
 from inferchain.backends.base import Backend, Session
 from inferchain.backends.openvino_options import PRECISIONS, properties
-from inferchain.backends.padding import FixedBatch, fixed_batch
+from inferchain.backends.padding import FixedBatch
 from inferchain.config import ModelConfig, Recipe
 from inferchain.errors import BackendError, ConfigError, LoadError
 from inferchain.layout import Layout
@@ -75,7 +75,7 @@ class OpenVinoSession(Session):
             "streams": str(compiled.get_property("NUM_STREAMS")),
             "precision": compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name(),
         }
-        self._fixed = FixedBatch(fixed_batch(model, self.max_batch_size), layout.inputs)
+        self._fixed = FixedBatch(model.pads_to(self.max_batch_size), layout.inputs)
 
     def run(self, inputs: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
         inputs = self._fixed.pad(inputs, batch_size)

@@ -2,7 +2,7 @@
 
 The fixed batch is the model file's own (a static batch dim), or for a `deterministic`
 model its `max_batch_size`: every batch then runs at that many rows, so a row's outputs
-never depend on how many rows share its batch (`fixed_batch`).
+never depend on how many rows share its batch (`ModelConfig.pads_to`).
 """
 
 from __future__ import annotations
@@ -11,16 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from inferchain.config import ModelConfig
 from inferchain.layout import Axis
-
-
-def fixed_batch(model: ModelConfig, limit: int | None) -> int | None:
-    """The batch a session of `model` pads every batch to: the model file's fixed batch
-    (`limit`), else the recipe's `max_batch_size` where the model is `deterministic`, else
-    None (a batch runs at its own rows)."""
-    return limit if limit is not None else model.fixed_rows
-
 
 _SHAPES_KEPT = 8  # buffers kept for this many item shapes (a model's buckets), then renewed
 

@@ -48,8 +48,7 @@ class SessionView:
         )
         # rows an output may hold beyond a batch's own: the session's fixed batch, or the
         # rows a deterministic model pads every batch to
-        limit = session.max_batch_size
-        self.padded_batch = limit if limit is not None else model.fixed_rows
+        self.padded_batch = model.pads_to(session.max_batch_size)
         self.buffers = HostBuffers(session.inputs, model.batch_rows, pad, layout.inputs)
         self._sizes: dict[ShapeKey, int] = {}  # elements of one row, per item shape key
         self._runs: dict[tuple[ShapeKey, int, int], tuple[int, int]] = {}  # `elements`, memoised

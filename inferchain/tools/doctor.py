@@ -154,8 +154,8 @@ def ascend_user(recipe: Recipe | None, acl: RuntimeProbe) -> str | None:
         return "the installed pyACL" if acl.available else None
     if recipe.backend == "acl":
         return f"recipe {recipe.name} (backend acl)"
-    names = [p if isinstance(p, str) else next(iter(p), "") for p in recipe.providers]
-    return f"recipe {recipe.name} (CANNExecutionProvider)" if CANN_EP in names else None
+    cann = CANN_EP in recipe.provider_names
+    return f"recipe {recipe.name} (CANNExecutionProvider)" if cann else None
 
 
 def ascend_checks(acl: RuntimeProbe, user: str | None) -> list[Check]:

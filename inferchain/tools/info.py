@@ -78,7 +78,7 @@ def describe_recipe(recipe: Recipe, *, acl_module: object | None = None) -> list
                 if refused is not None:
                     problems = (refused,)
                 elif keys and not shapes.layout.unbatched:  # zeros are values it takes
-                    padded = fixed if fixed is not None else model.fixed_rows
+                    padded = model.pads_to(fixed)
                     probed, verdict = probe_session(
                         model.name, session, shapes.layout, rows, keys[0], padded=padded
                     )
