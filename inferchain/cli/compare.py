@@ -183,6 +183,8 @@ STEP_ROWS = 1024  # step rows kept per stateful model for the check
 def _recorded(args: argparse.Namespace) -> tuple[dict[str, list[Any]], list[str]]:
     """What the recipe's pipeline gives each model over the inputs (`--model`: one), and
     the stateful models whose steppers keep their sequences apart by group."""
+    import attrs
+
     from inferchain.backends.factory import make_backend
     from inferchain.cli.run_job import FileReader
     from inferchain.config import load_recipe
@@ -194,8 +196,8 @@ def _recorded(args: argparse.Namespace) -> tuple[dict[str, list[Any]], list[str]
 
     recipe = load_recipe(args.batch_invariance)
     stateful = [m.name for m in recipe.models if m.state]
-    one = {m: {"streams": 1} for m in stateful}  # batches one at a time, as recorded
-    recipe = load_recipe(args.batch_invariance, models=one)
+    one = tuple(attrs.evolve(m, streams=1) if m.state else m for m in recipe.models)
+    recipe = attrs.evolve(recipe, models=one)  # their batches one at a time, as recorded
     backend = RecordingBackend(make_backend(recipe), stateful, STEP_ROWS)
     sources = sources_of(recipe, args.input)
     with OfflineInference(recipe, backend=backend) as oi:
